@@ -1,0 +1,27 @@
+# The two front-door commands. Each sets up a fresh machine on its own (a .venv in the repo).
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo setup clean loc
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+	$(VPY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(VPY) -m pytest tests
+
+demo: $(STAMP)
+	$(VPY) examples/quickstart.py
+
+loc:
+	$(PY) ../shared/tools/loc.py --per-file
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

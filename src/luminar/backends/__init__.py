@@ -1,0 +1,10 @@
+"""Backends turn an optimized primitive graph into a callable Program."""
+from ..errors import UnsupportedError
+
+
+def get_backend(name: str):
+    """The Program class for backend `name`."""
+    if name == "reference":
+        from .reference import ReferenceProgram
+        return ReferenceProgram
+    raise UnsupportedError(f"unknown backend {name!r}; available: 'reference'")

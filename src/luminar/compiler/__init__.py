@@ -1,0 +1,1 @@
+"""Compiler passes and (later) kernel IR, lowering and search."""

@@ -1,0 +1,56 @@
+"""The primitive registry: the twelve compute ops every luminar model is built from.
+
+Each primitive is defined exactly once, here: its name, its arity/kind, its numpy reference
+implementation (the semantics) and how the C backend spells it. Everything else (the graph,
+the interpreters, the compilers) looks a primitive up in `PRIMITIVES` instead of switching on
+names. Data nodes (Input, Constant, Contiguous) are not computations and live in graph.py.
+
+All primitives compute in float32. `mod` is C's fmod (the result has the dividend's sign);
+`less_than` yields 1.0 or 0.0. Reductions run over one axis and remove it.
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Primitive:
+    name: str
+    kind: str  # "unary" | "binary" | "reduce"
+    reference: Callable  # numpy implementation: (*float32 arrays[, axis]) -> float32 array
+    c: str  # C spelling; {0}, {1} are the operands (for reductions: the combine of acc {0} and value {1})
+    identity: float | None = None  # reductions: the accumulator's starting value
+
+    @property
+    def arity(self) -> int:
+        return 2 if self.kind == "binary" else 1
+
+    def __repr__(self):
+        return f"Primitive({self.name})"
+
+
+def _f32(fn):
+    """Run a numpy function with IEEE semantics (no warnings) and a float32 result."""
+    def run(*args, **kw):
+        with np.errstate(all="ignore"):
+            return np.asarray(fn(*args, **kw), dtype=np.float32)
+    return run
+
+
+EXP2 = Primitive("exp2", "unary", _f32(np.exp2), "exp2f({0})")
+LOG2 = Primitive("log2", "unary", _f32(np.log2), "log2f({0})")
+SIN = Primitive("sin", "unary", _f32(np.sin), "sinf({0})")
+SQRT = Primitive("sqrt", "unary", _f32(np.sqrt), "sqrtf({0})")
+RECIP = Primitive("recip", "unary", _f32(np.reciprocal), "(1.0f / ({0}))")
+ADD = Primitive("add", "binary", _f32(np.add), "({0} + {1})")
+MUL = Primitive("mul", "binary", _f32(np.multiply), "({0} * {1})")
+MOD = Primitive("mod", "binary", _f32(np.fmod), "fmodf({0}, {1})")
+LESS_THAN = Primitive("less_than", "binary", _f32(np.less), "(float)({0} < {1})")
+SUM_REDUCE = Primitive("sum_reduce", "reduce", _f32(lambda x, axis: np.sum(x, axis=axis, dtype=np.float32)),
+                       "({0} + {1})", identity=0.0)
+MAX_REDUCE = Primitive("max_reduce", "reduce", _f32(lambda x, axis: np.max(x, axis=axis, initial=-np.inf)),
+                       "fmaxf({0}, {1})", identity=float("-inf"))
+
+PRIMITIVES: dict[str, Primitive] = {p.name: p for p in (
+    EXP2, LOG2, SIN, SQRT, RECIP, ADD, MUL, MOD, LESS_THAN, SUM_REDUCE, MAX_REDUCE)}

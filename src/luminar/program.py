@@ -1,0 +1,107 @@
+"""What every backend's compiled graph shares: checking the caller's arrays and binding dims.
+
+A Program is called with arrays by input name and returns a dict of float32 arrays by output
+name. Symbolic dimensions are bound from the inputs' shapes at each call (no recompiling);
+every mistake is reported as a luminar error naming the input, the axis, and both values.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import dtypes
+from .errors import DimensionError, InputError, ShapeError
+from .graph import Graph, show_shape
+
+
+class Program:
+    backend = "abstract"
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+
+    def __call__(self, inputs: dict | None = None, /, **named) -> dict[str, np.ndarray]:
+        return self.run({**(inputs or {}), **named})
+
+    def run(self, inputs: dict, dims: dict | None = None) -> dict[str, np.ndarray]:
+        """Run with `inputs` (name -> array); `dims` binds symbolic dims no input shape determines."""
+        arrays, env = self.bind(inputs, dims or {})
+        return self.execute(arrays, env)
+
+    def execute(self, arrays: dict[str, np.ndarray], env: dict[str, int]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def bind(self, inputs: dict, dims: dict) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        """Validate the inputs against the declared ones; return storage arrays and the dim values."""
+        declared = self.graph.inputs
+        unknown = sorted(set(inputs) - set(declared))
+        if unknown:
+            raise InputError(f"unknown input {unknown[0]!r}; the graph's inputs are {sorted(declared)}")
+        missing = sorted(set(declared) - set(inputs))
+        if missing:
+            raise InputError(f"missing input {missing[0]!r}; the graph's inputs are {sorted(declared)}")
+        env = {}
+        for name, value in dims.items():
+            if not isinstance(value, (int, np.integer)) or value < 0:
+                raise DimensionError(f"dimension {name!r} must be bound to an int >= 0, got {value!r}")
+            env[name] = int(value)
+        arrays = {}
+        for name, node in declared.items():
+            arr = dtypes.to_storage(inputs[name], node.dtype, f"input {name!r}")
+            if arr.ndim != len(node.shape):
+                raise ShapeError(f"input {name!r}: expected rank {len(node.shape)} with shape {show_shape(node.shape)}, "
+                                 f"got rank {arr.ndim} with shape {arr.shape}")
+            arrays[name] = arr
+        self._bind_dims(arrays, env)
+        for name, value in env.items():
+            if value < 1:
+                raise DimensionError(f"symbolic dimension {name!r} is bound to {value}; symbolic sizes must be >= 1")
+        unbound = sorted(self.graph.dims() - set(env))
+        if unbound:
+            raise DimensionError(f"symbolic dimension {unbound[0]!r} is not bound by any input's shape; "
+                                 f"pass it with run(inputs, dims={{{unbound[0]!r}: ...}})")
+        return arrays, env
+
+    def _bind_dims(self, arrays, env):
+        """Bind bare dim names first, then solve dims like `s + 1` with one unknown, then check all."""
+        declared = self.graph.inputs
+        origin = {}
+        for name, node in declared.items():
+            for axis, (dim, actual) in enumerate(zip(node.shape, arrays[name].shape)):
+                if not dim.is_const and dim.vars() == {str(dim)} and str(dim) not in env:
+                    env[str(dim)], origin[str(dim)] = actual, (name, axis)
+        for name, node in declared.items():
+            for axis, dim in enumerate(node.shape):
+                unknown = dim.vars() - set(env)
+                if len(unknown) == 1:
+                    (var,) = unknown
+                    solved = _solve_linear(dim, var, arrays[name].shape[axis], env)
+                    if solved is not None:
+                        env[var], origin[var] = solved, (name, axis)
+        for name, node in declared.items():
+            for axis, (dim, actual) in enumerate(zip(node.shape, arrays[name].shape)):
+                if dim.vars() - set(env):
+                    continue  # reported as unbound by the caller
+                expected = dim.evaluate(env)
+                if expected != actual:
+                    where = ""
+                    if not dim.is_const:
+                        src = sorted(v for v in dim.vars() if v in origin)
+                        where = "".join(f"; {v}={env[v]} was bound by input {origin[v][0]!r} axis {origin[v][1]}"
+                                        for v in src)
+                    raise DimensionError(f"input {name!r} axis {axis}: expected {dim} = {expected}, got {actual}"
+                                         f" (shape {arrays[name].shape}){where}") if not dim.is_const else \
+                        ShapeError(f"input {name!r}: expected shape {show_shape(node.shape)}, got {arrays[name].shape} "
+                                   f"(axis {axis}: expected {expected}, got {actual})")
+
+
+def _solve_linear(dim, var, actual, env):
+    """The value of `var` that makes `dim` equal `actual`, if dim is linear in var; else None."""
+    try:
+        at0 = dim.evaluate({**env, var: 0})
+        slope = dim.evaluate({**env, var: 1}) - at0
+    except (KeyError, ZeroDivisionError):
+        return None
+    if slope == 0 or (actual - at0) % slope:
+        return None
+    value = (actual - at0) // slope
+    return value if value >= 0 and dim.evaluate({**env, var: value}) == actual else None
