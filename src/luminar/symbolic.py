@@ -28,14 +28,8 @@ INF = math.inf
 
 # Helper functions for generated C: C's `/` and `%` truncate toward zero, Python's floor.
 C_HELPERS = """\
-static inline long long lm_floordiv(long long a, long long b) {
-    long long q = a / b;
-    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-static inline long long lm_mod(long long a, long long b) {
-    long long r = a % b;
-    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
+static inline long long lm_mod(long long a, long long b) { long long r = a % b; return (r != 0 && (r < 0) != (b < 0)) ? r + b : r; }
+static inline long long lm_floordiv(long long a, long long b) { return (a - lm_mod(a, b)) / b; }
 """
 
 # Printing precedence, lowest binds loosest. Comparisons sit below `&`/`|` so they are always
@@ -374,9 +368,7 @@ class Mod(BinOp):
         (x_lo, x_hi), (d_lo, d_hi) = self.a._range, self.b._range
         if d_lo >= 1:  # result in [0, d-1], and never above x itself when x >= 0
             return (0, min(d_hi - 1, x_hi) if x_lo >= 0 else d_hi - 1)
-        if d_hi <= -1:
-            return (max(d_lo + 1, x_lo) if x_hi <= 0 else d_lo + 1, 0)
-        return (min(d_lo + 1, 0), max(d_hi - 1, 0))
+        return (min(d_lo + 1, 0), max(d_hi - 1, 0))  # the result takes the divisor's sign
 
     def _rebuild(self, children):
         return mod(*children)
@@ -402,10 +394,8 @@ class Min(BinOp):
         return minmax(type(self), *children)
 
     def evaluate(self, env):
-        a, b = self.a.evaluate(env), self.b.evaluate(env)
-        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-            return self.np_fn(a, b)
-        return min(a, b) if self.name == "min" else max(a, b)
+        result = self.np_fn(self.a.evaluate(env), self.b.evaluate(env))
+        return result if isinstance(result, np.ndarray) else int(result)
 
     def __str__(self):
         return f"{self.name}({self.a}, {self.b})"
