@@ -34,13 +34,18 @@ def to_storage(array, dtype: str, what: str) -> np.ndarray:
                 raise DTypeError(f"{what}: cannot read {type(array).__name__} as {dtype}: {e}") from None
     if dtype == bfloat16:
         if array.dtype.name == "bfloat16" or array.dtype == np.uint16:
-            return np.ascontiguousarray(array).view(np.uint16)
+            return _c_order(array).view(np.uint16)
         if array.dtype == np.float32:  # round to nearest even bf16
-            bits = np.ascontiguousarray(array).view(np.uint32).astype(np.uint64)
+            bits = _c_order(array).view(np.uint32).astype(np.uint64)
             return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     elif array.dtype == STORAGE[dtype] or (array.dtype.kind in "biuf" and np.can_cast(array.dtype, STORAGE[dtype], "safe")):
-        return np.ascontiguousarray(array, dtype=STORAGE[dtype])
+        return _c_order(array.astype(STORAGE[dtype], copy=False))
     raise DTypeError(f"{what}: expected dtype {dtype}, got {array.dtype} (convert it explicitly, e.g. .astype(np.{STORAGE[dtype]}))")
+
+
+def _c_order(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array with the same shape (np.ascontiguousarray would turn 0-d into 1-d)."""
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array).reshape(array.shape)
 
 
 def to_compute(buffer: np.ndarray, dtype: str) -> np.ndarray:

@@ -24,7 +24,7 @@ Dim = Expr
 def index_var(k: int, dim: Expr) -> Expr:
     """The variable naming the index along dimension k of a tensor whose size there is `dim`."""
     dim = sym(dim)
-    return Var(f"_d{k}", 0, dim.value - 1 if dim.is_const else None)
+    return Var(f"_d{k}", 0, max(dim.value - 1, 0) if dim.is_const else None)
 
 
 def index_vars(shape) -> list[Expr]:

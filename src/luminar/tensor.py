@@ -333,9 +333,11 @@ class GraphTensor:
         for i in range(len(pad) // 2):
             dim = self.ndim - 1 - i
             before, after = pad[2 * i], pad[2 * i + 1]
-            n = tracker.shape[dim]
-            tracker = tracker.slice(dim, max(-before, 0), n - max(-after, 0))
-            tracker = tracker.pad(dim, max(before, 0), max(after, 0))
+            if isinstance(before, int) and isinstance(after, int):  # negative amounts crop
+                n = tracker.shape[dim]
+                tracker = tracker.slice(dim, max(-before, 0), n - max(-after, 0))
+                before, after = max(before, 0), max(after, 0)
+            tracker = tracker.pad(dim, before, after)  # symbolic amounts must be >= 0
         out = self._view(tracker)
         if value:
             inside = self.graph.constant(1.0, self.dims).pad(pad)  # 1 where data is, 0 in the padding
@@ -379,15 +381,15 @@ class GraphTensor:
 def where(condition, input, other) -> GraphTensor:
     """torch.where: `input` where `condition` is non-zero, else `other` (numbers allowed for either).
 
-    Composed as other + cond * (input - other); a NaN or inf in the branch not taken still
-    propagates, because selection is arithmetic on primitives.
+    Composed as cond * input + (1 - cond) * other, exact for a 0/1 mask; a NaN or inf in the
+    branch not taken still propagates, because selection is arithmetic on primitives.
     """
     anchor = next((t for t in (condition, input, other) if isinstance(t, GraphTensor)), None)
     if anchor is None:
         raise UnsupportedError("where: at least one argument must be a GraphTensor")
     cond = anchor._lift(condition).ne(0.0)
     input, other = anchor._lift(input), anchor._lift(other)
-    return other + cond * (input - other)
+    return cond * input + (1.0 - cond) * other
 
 
 _LOG2_E = 1.4426950408889634

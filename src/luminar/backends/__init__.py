@@ -7,4 +7,7 @@ def get_backend(name: str):
     if name == "reference":
         from .reference import ReferenceProgram
         return ReferenceProgram
-    raise UnsupportedError(f"unknown backend {name!r}; available: 'reference'")
+    if name == "cpu":
+        from .cpu import CPUProgram
+        return CPUProgram
+    raise UnsupportedError(f"unknown backend {name!r}; available: 'reference', 'cpu'")

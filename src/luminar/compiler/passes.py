@@ -55,7 +55,7 @@ def compose(inner: Edge, outer: ShapeTracker, shape) -> Edge | None:
     """
     node, tracker = inner
     if is_plain(tracker, node.shape):
-        return node, outer
+        return node, tracker
     if is_plain(outer, shape):
         return inner
     if tracker.valid == ONE and all(s == ZERO for s in tracker.strides):

@@ -70,7 +70,8 @@ def linear(input, weight, bias=None):
 
     `weight` is (out_features, in_features), or (in_features,) which drops the feature axis;
     `input` is (..., in_features) with any number of leading dims; `bias` broadcasts against
-    the result (normally (out_features,)).
+    the result (normally (out_features,)). Deviation: torch refuses most biases with a 1-D
+    weight (its addmm path wants a matrix); here any bias that broadcasts is added.
     """
     _require_rank("linear", "weight", weight, (1, 2))
     if not hasattr(input, "ndim") or input.ndim == 0:

@@ -1,0 +1,209 @@
+"""Kernel IR and lowering: from the primitive graph to loop nests over symbolic ranges.
+
+A kernel computes one buffer: for every index (_d0, .., _dn) of its output shape it stores
+`value`, an expression tree over
+
+- ``Load(buffer, index, valid)``   read a buffer (converted to float32); 0.0 where `valid` is 0
+- ``Const(value)``                 a float
+- ``IndexValue(expr)``             an integer expression of the loop indices, as a float
+- ``Apply(op, args)``              a primitive applied elementwise (ops.PRIMITIVES[op])
+- ``Reduce(op, var, extent, body)`` accumulate `body` over var = 0..extent-1
+- ``Select(cond, value)``          value where cond else 0.0 (padding of inlined producers)
+
+Index and validity expressions are `symbolic.Expr`s over the loop variables and the graph's
+dims, simplified when built. The IR says *what* each output element is; *how* the loops run
+(order, tiling, vectorization, threads) is the backend's schedule, so the same IR serves the C
+and CUDA renderers and is what the search rewrites.
+
+Default fusion (no search): a node gets its own buffer (is "realized") when it is an input, a
+reduction, a graph output, or has more than one consumer; every other elementwise node,
+constant and Contiguous is inlined into its consumers, read through composed index math.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..graph import Graph, Node
+from ..shape import ShapeTracker, index_vars, row_major_strides
+from ..symbolic import Expr, Var, sym
+
+
+@dataclass(frozen=True)
+class Load:
+    buffer: int
+    index: Expr
+    valid: Expr
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float
+
+
+@dataclass(frozen=True)
+class IndexValue:
+    expr: Expr
+
+
+@dataclass(frozen=True)
+class Apply:
+    op: str
+    args: tuple
+
+
+@dataclass(frozen=True)
+class Reduce:
+    op: str
+    var: Var
+    extent: Expr
+    body: object
+
+
+@dataclass(frozen=True)
+class Select:
+    cond: Expr
+    value: object
+
+
+@dataclass(frozen=True)
+class Buffer:
+    id: int
+    numel: Expr
+    dtype: str  # storage dtype; everything but inputs is float32
+    kind: str  # "input" | "temp" | "output"
+    name: str
+
+
+@dataclass
+class Kernel:
+    name: str
+    out: int  # buffer id written, row-major over `shape`
+    shape: tuple[Expr, ...]
+    value: object  # IR expression of the element at index vars _d0.._dn
+
+    @property
+    def loop_vars(self) -> list[Expr]:
+        return index_vars(self.shape)
+
+
+@dataclass
+class KernelProgram:
+    buffers: list[Buffer]
+    kernels: list[Kernel]
+    inputs: dict[str, int]  # input name -> buffer id
+    outputs: dict[str, int]  # output name -> buffer id
+    output_shapes: dict[str, tuple[Expr, ...]]
+    dims: list[str] = field(default_factory=list)  # symbolic dim names, in the order the entry point takes them
+
+
+def walk(expr):
+    """Every IR node of an expression, parents before children."""
+    yield expr
+    if isinstance(expr, Apply):
+        for a in expr.args:
+            yield from walk(a)
+    elif isinstance(expr, (Reduce, Select)):
+        yield from walk(expr.body if isinstance(expr, Reduce) else expr.value)
+
+
+def loads(expr) -> list[Load]:
+    return [e for e in walk(expr) if isinstance(e, Load)]
+
+
+class _Lowering:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.buffers: list[Buffer] = []
+        self.buffer_of: dict[int, int] = {}  # node id -> buffer id
+        self.kernels: list[Kernel] = []
+        self.reduce_vars = 0
+        uses: dict[int, int] = {}
+        for n in graph.nodes:
+            for src, _ in n.srcs:
+                uses[src.id] = uses.get(src.id, 0) + 1
+        output_nodes = {node.id for node, _ in graph.outputs.values()}
+        self.realized = {n.id for n in graph.nodes
+                         if n.op == "input" or (n.primitive and n.primitive.kind == "reduce")
+                         or (n.op != "constant" and (uses.get(n.id, 0) > 1 or n.id in output_nodes))}
+
+    def new_buffer(self, numel, dtype, kind, name) -> int:
+        self.buffers.append(Buffer(len(self.buffers), numel, dtype, kind, name))
+        return len(self.buffers) - 1
+
+    def run(self) -> KernelProgram:
+        g = self.graph
+        inputs = {name: self.new_buffer(_numel(n.shape), n.dtype, "input", name) for name, n in g.inputs.items()}
+        for name, n in g.inputs.items():
+            self.buffer_of[n.id] = inputs[name]
+        outputs, shapes = {}, {}
+        direct = {}  # node id -> output name whose buffer is the node's own
+        for name, (node, tracker) in g.outputs.items():
+            if node.op != "input" and node.id in self.realized and node.id not in direct \
+                    and tracker == ShapeTracker.contiguous(node.shape):
+                direct[node.id] = name
+        for n in g.nodes:
+            if n.id in self.realized and n.op != "input":
+                kind, name = ("output", direct[n.id]) if n.id in direct else ("temp", f"t{n.id}")
+                buf = self.new_buffer(_numel(n.shape), "float32", kind, name)
+                value = self.value(n, index_vars(n.shape), sym(1), root=True)
+                self.kernels.append(Kernel(f"k{len(self.kernels)}_{n.op}", buf, n.shape, value))
+                self.buffer_of[n.id] = buf
+        for name, (node, tracker) in g.outputs.items():
+            shapes[name] = tracker.shape
+            if direct.get(node.id) == name:
+                outputs[name] = self.buffer_of[node.id]
+                continue
+            buf = self.new_buffer(_numel(tracker.shape), "float32", "output", name)
+            value = self.read(node, tracker, index_vars(tracker.shape), sym(1))
+            self.kernels.append(Kernel(f"k{len(self.kernels)}_out_{name}", buf, tracker.shape, value))
+            outputs[name] = buf
+        return KernelProgram(self.buffers, self.kernels, inputs, outputs, shapes, sorted(g.dims()))
+
+    def read(self, src: Node, tracker: ShapeTracker, idx, guard: Expr):
+        """The value of `src` seen through `tracker` at index `idx` (0 where the view or `guard` is invalid)."""
+        valid = guard & tracker.valid_expr(idx)
+        flat = tracker.index_expr(idx)
+        if src.id in self.realized:
+            return Load(self.buffer_of[src.id], flat, valid)
+        if tracker == ShapeTracker.contiguous(src.shape) or tracker.is_contiguous() and tracker.shape == src.shape:
+            multi = list(idx)
+        else:  # recover the source's own index from the flat position; the simplifier removes most div/mod
+            multi = [(flat // s) % d for s, d in zip(row_major_strides(src.shape), src.shape)]
+        value = self.value(src, multi, valid)
+        return value if valid == sym(1) or isinstance(value, Load) else Select(valid, value)
+
+    def value(self, node: Node, idx, guard: Expr, root: bool = False):
+        """The element of `node` at index `idx`: a Load if it has a buffer, else its inlined expression."""
+        if node.id in self.realized and not root:
+            return Load(self.buffer_of[node.id], _flat(idx, node.shape), guard)
+        if node.op == "constant":
+            if isinstance(node.value, float):
+                return Const(node.value)
+            return IndexValue(node.value.substitute({f"_d{k}": i for k, i in enumerate(idx)}))
+        if node.op == "contiguous":
+            return self.read(*node.srcs[0], idx, guard)
+        prim = node.primitive
+        if prim.kind == "reduce":
+            src, tracker = node.srcs[0]
+            extent = tracker.shape[node.axis]
+            var = Var(f"_r{self.reduce_vars}", 0, max(extent.value - 1, 0) if extent.is_const else None)
+            self.reduce_vars += 1
+            src_idx = list(idx[:node.axis]) + [var] + list(idx[node.axis:])
+            return Reduce(prim.name, var, extent, self.read(src, tracker, src_idx, guard))
+        return Apply(prim.name, tuple(self.read(s, t, idx, guard) for s, t in node.srcs))
+
+
+def _numel(shape) -> Expr:
+    n = sym(1)
+    for d in shape:
+        n = n * d
+    return n
+
+
+def _flat(idx, shape) -> Expr:
+    return sum((i * s for i, s in zip(idx, row_major_strides(shape))), sym(0))
+
+
+def lower(graph: Graph) -> KernelProgram:
+    """Partition `graph` into kernels (default fusion) and express each as IR."""
+    return _Lowering(graph).run()
