@@ -37,10 +37,10 @@ class FuzzOp:
     ref: Callable  # (*float64 arrays, **params) -> array
     fits: Callable = lambda *arrays: True  # may the op take these operands?
     params: Callable = lambda draw, *arrays: {}  # draws the op's arguments with hypothesis
-    needs: tuple = ()  # library names the op uses
+    needs: tuple = ()  # GraphTensor methods the op uses; "lm.name" for luminar functions
 
     def available(self) -> bool:
-        return all(hasattr(GraphTensor, n) or hasattr(lm, n) for n in self.needs)
+        return all(hasattr(lm, n[3:]) if n.startswith("lm.") else hasattr(GraphTensor, n) for n in self.needs)
 
 
 # -- numpy models and argument drawing -----------------------------------------------------------
@@ -197,7 +197,7 @@ OPS = [
     binary("sub", lambda a, b: a - b, np.subtract),
     binary("mul", lambda a, b: a * b, np.multiply),
     binary("div", lambda a, b: a / b, np.divide, lambda a, b: broadcastable(a, b) and np.abs(b).min() >= 0.25),
-    binary("maximum", lambda a, b: a.maximum(b), np.maximum, needs=("maximum",)),
+    binary("maximum", lambda a, b: lm.maximum(a, b), np.maximum, needs=("lm.maximum",)),
     # unary
     unary("exp", lambda x: clamp(x, -3.0, 2.0).exp(), lambda x: np.exp(np.clip(x, -3.0, 2.0))),
     unary("log1p_abs", lambda x: (x.abs() + 1.0).log(), lambda x: np.log(np.abs(x) + 1.0), needs=("abs",)),
@@ -242,7 +242,7 @@ OPS = [
     FuzzOp("expand", 1, lambda x, sizes: x.expand(*sizes), np_expand, params=expand_params),
     FuzzOp("contiguous", 1, lambda x: x.contiguous(), lambda x: x),
     FuzzOp("cat", 2, lambda a, b, dim: lm.cat([a, b], dim), lambda a, b, dim: np.concatenate([a, b], dim),
-           lambda a, b: bool(cat_dims(a, b)), cat_params, needs=("cat",)),
+           lambda a, b: bool(cat_dims(a, b)), cat_params, needs=("lm.cat",)),
 ]
 
 

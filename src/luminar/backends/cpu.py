@@ -9,15 +9,15 @@ by liveness (compiler/memory.py). Shared objects are cached on disk by source ha
 from __future__ import annotations
 
 import ctypes
-import os
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..compiler.kernels import Apply, Const, IndexValue, Kernel, KernelProgram, Load, Reduce, Select, lower
+from ..compiler.kernels import Apply, Const, IndexValue, Kernel, KernelProgram, Load, Reduce, Select, loads, lower, walk
 from ..compiler.memory import ALIGN, plan_memory
 from ..ops import PRIMITIVES
 from ..program import Program
-from ..symbolic import C_HELPERS, Expr, sym
+from ..symbolic import C_HELPERS, Expr, Var, sym
 from . import cc
 
 C_TYPES = {"float32": "float", "float16": "_Float16", "bfloat16": "unsigned short", "int8": "signed char",
@@ -27,6 +27,7 @@ PARALLEL_MIN_WORK = 1 << 15  # below this many inner iterations a kernel runs on
 PRELUDE = f"""\
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 {C_HELPERS}
 static inline float lm_bf16(unsigned short b) {{ union {{ uint32_t u; float f; }} v = {{ (uint32_t)b << 16 }}; return v.f; }}
 """
@@ -99,34 +100,211 @@ class _Emitter:
 
 def render_kernel(program: KernelProgram, kernel: Kernel) -> str:
     """One C function computing `kernel` over its whole output."""
-    used = sorted({load.buffer for load in _loads(kernel.value)} | {kernel.out})
+    used = sorted({load.buffer for load in loads(kernel.value)} | {kernel.out})
     lines = [f"static void {kernel.name}(void **restrict bufs, const long long *restrict dims) {{"]
-    lines += [f"    const long long {d} = dims[{i}];" for i, d in enumerate(program.dims)]
+    lines += [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
     for b in used:
         ctype = C_TYPES[program.buffers[b].dtype]
         const = "" if b == kernel.out else "const "
         lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
-    for d in program.dims:
-        lines.append(f"    (void){d};")
-    loop_vars = kernel.loop_vars
-    depth = len(kernel.shape)
-    work = _numel(kernel.shape) * _reduce_work(kernel.value)
-    if depth:
-        collapse = max(depth - 1, 1)
-        lines.append(f"    #pragma omp parallel for collapse({collapse}) schedule(static) "
+    tiles = plan_tiles(kernel)
+    lines += render_tiled(program, kernel, tiles) if tiles else render_loops(program, kernel)
+    return "\n".join(lines + ["}"])
+
+
+def render_loops(program: KernelProgram, kernel: Kernel) -> list[str]:
+    """The plain schedule: a loop per output dim (outer ones threaded), reductions innermost."""
+    lines, loop_vars = [], kernel.loop_vars
+    if kernel.shape:
+        work = _numel(kernel.shape) * _reduce_work(kernel.value)
+        lines.append(f"    #pragma omp parallel for collapse({max(len(kernel.shape) - 1, 1)}) schedule(static) "
                      f"if(({work.render_c()}) >= {PARALLEL_MIN_WORK})")
-    indent = "    "
     for var, extent in zip(loop_vars, kernel.shape):
-        lines.append(f"{indent}for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
-    lines.append(f"{indent}{{")
-    emitter = _Emitter(program, indent + "    ")
+        lines.append(f"    for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
+    lines.append("    {")
+    emitter = _Emitter(program, "        ")
     value = emitter.emit(kernel.value)
     lines += emitter.lines
-    flat = sum((v * s for v, s in zip(loop_vars, _strides(kernel.shape))), sym(0))
-    lines.append(f"{indent}    b{kernel.out}[{flat.render_c()}] = {value};")
-    lines.append(f"{indent}}}")
-    lines.append("}")
-    return "\n".join(lines)
+    lines.append(f"        b{kernel.out}[{_flat(loop_vars, kernel.shape).render_c()}] = {value};")
+    lines.append("    }")
+    return lines
+
+
+# -- the tiled reduction schedule ----------------------------------------------------------------
+TILE_ROWS, TILE_COLS, ROW_CHUNK = 8, 32, 64
+
+
+@dataclass
+class TilePlan:
+    """Register tiles of TI output rows x TJ output columns, the reduction loop outside the tile.
+
+    Used when a reduction reads some operand with a non-unit stride along the reduced axis (the B
+    of a matmul): reducing innermost would then stride through memory. Instead each step of the
+    reduction updates a TI x TJ block of accumulators from TI row values (depend on the row, not
+    the column) and TJ panel values (depend on the column, not the row), which are first copied
+    into a contiguous panel buffer, so the inner loop is a unit-stride, vectorizable FMA.
+    """
+    reduce: Reduce
+    i: Var | None  # the tile's row variable (second-innermost output dim), None for 1-d outputs
+    j: Var  # the tile's column variable (innermost output dim)
+    ti: int
+    tj: int
+    rows: list  # IR subtrees that depend on the row (and reduction), not the column
+    panels: list  # IR subtrees that depend on the column (and reduction), not the row
+
+
+def _deps(e) -> frozenset:
+    if isinstance(e, Load):
+        return e.index.vars() | e.valid.vars()
+    if isinstance(e, IndexValue):
+        return e.expr.vars()
+    if isinstance(e, Select):
+        return e.cond.vars() | _deps(e.value)
+    if isinstance(e, Apply):
+        return frozenset().union(*(_deps(a) for a in e.args))
+    if isinstance(e, Reduce):
+        return _deps(e.body) - {e.var.name}
+    return frozenset()
+
+
+def _stride(index: Expr, var: Var):
+    """How far `index` moves when `var` grows by one, if that is a constant; else None."""
+    step = index.substitute({var.name: var + 1}) - index
+    return step.value if step.is_const else None
+
+
+def plan_tiles(kernel: Kernel) -> TilePlan | None:
+    reduces = [n for n in walk(kernel.value) if isinstance(n, Reduce)]
+    if len(reduces) != 1 or not kernel.shape:
+        return None
+    red = reduces[0]
+    body_loads = loads(red.body)
+    if any(isinstance(n, Reduce) for n in walk(red.body)):
+        return None
+    if all(_stride(ld.index, red.var) in (0, 1) for ld in body_loads):
+        return None  # reducing innermost already walks memory in order
+    loop_vars = kernel.loop_vars
+    i, j = (loop_vars[-2] if len(loop_vars) > 1 else None), loop_vars[-1]
+    if any(_stride(ld.index, j) not in (0, 1) for ld in body_loads):
+        return None
+    rows, panels = [], []
+
+    def split(e):
+        deps = _deps(e)
+        if isinstance(e, Const):
+            return
+        if j.name not in deps:
+            rows.append(e)
+        elif i is not None and i.name not in deps:
+            panels.append(e)
+        elif isinstance(e, Apply):
+            for a in e.args:
+                split(a)
+        elif isinstance(e, Select):
+            split(e.value)
+    split(red.body)
+    rows, panels = list(dict.fromkeys(rows)), list(dict.fromkeys(panels))
+    ti = _tile(kernel.shape[-2], TILE_ROWS) if i is not None else 1
+    return TilePlan(red, i, j, ti, _tile(kernel.shape[-1], TILE_COLS), rows, panels)
+
+
+def _tile(extent: Expr, preferred: int) -> int:
+    return min(preferred, extent.value) if extent.is_const and extent.value > 0 else preferred
+
+
+def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan) -> list[str]:
+    red, i, j, ti, tj = plan.reduce, plan.i, plan.j, plan.ti, plan.tj
+    rows_n, cols_n, k_n = (kernel.shape[-2] if i is not None else sym(1)), kernel.shape[-1], red.extent
+    r, k_c = red.var.name, red.extent.render_c()
+    outer = list(zip(kernel.loop_vars[:-2 if i is not None else -1], kernel.shape))
+    prim = PRIMITIVES[red.op]
+    npan = len(plan.panels)
+
+    def clamp(var, base, offset, extent, tile):
+        if extent.is_const and extent.value % tile == 0:
+            return f"const long long {var.name} = {base} + {offset};"
+        return f"const long long {var.name} = {base} + {offset} < {extent.render_c()} ? {base} + {offset} : {extent.render_c()} - 1;"
+
+    work = _numel(kernel.shape) * k_n
+    out = [f"    #pragma omp parallel if(({work.render_c()}) >= {PARALLEL_MIN_WORK})", "    {"]
+    if npan:
+        out.append(f"    float *restrict pan = (float *)malloc(sizeof(float) * (size_t)({k_c}) * {tj * npan});")
+    out.append(f"    #pragma omp for collapse({len(outer) + 2}) schedule(static)")
+    for var, extent in outer:
+        out.append(f"    for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
+    out.append(f"    for (long long j0 = 0; j0 < {cols_n.render_c()}; j0 += {tj})")
+    out.append(f"    for (long long ic = 0; ic < {rows_n.render_c()}; ic += {ROW_CHUNK}) {{")
+    if npan:  # copy (and convert/compute) the panel operands once per column block
+        out += [f"      for (long long {r} = 0; {r} < {k_c}; {r}++)",
+                "        #pragma omp simd", f"        for (long long jj = 0; jj < {tj}; jj++) {{",
+                f"          {clamp(j, 'j0', 'jj', cols_n, tj)}"]
+        em = _Emitter(program, "          ")
+        for p, node in enumerate(plan.panels):
+            out_v = em.emit(node)
+            em.lines.append(f"          pan[({p} * {k_c} + {r}) * {tj} + jj] = {out_v};")
+        out += em.lines + ["        }"]
+    out.append(f"      for (long long i0 = ic; i0 < ic + {ROW_CHUNK} && i0 < {rows_n.render_c()}; i0 += {ti}) {{")
+    out.append(f"        float acc[{ti}][{tj}];")
+    out.append(f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) "
+               f"acc[ii][jj] = {render_float(prim.identity)};")
+    out.append(f"        for (long long {r} = 0; {r} < {k_c}; {r}++) {{")
+    names = {node: f"pan[({p} * {k_c} + {r}) * {tj} + jj]" for p, node in enumerate(plan.panels)}
+    if plan.rows:
+        out.append("          " + " ".join(f"float row{q}[{ti}];" for q in range(len(plan.rows))))
+        out.append(f"          #pragma GCC unroll {ti}")
+        out.append(f"          for (int ii = 0; ii < {ti}; ii++) {{")
+        if i is not None:
+            out.append(f"            {clamp(i, 'i0', 'ii', rows_n, ti)}")
+        em = _Emitter(program, "            ")
+        for q, node in enumerate(plan.rows):
+            em.lines.append(f"            row{q}[ii] = {em.emit(node)};")
+        out += em.lines + ["          }"]
+        names.update({node: f"row{q}[ii]" for q, node in enumerate(plan.rows)})
+    out += [f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{",
+            "            #pragma omp simd", f"            for (int jj = 0; jj < {tj}; jj++) {{"]
+    em = _Emitter(program, "              ")
+    em.names.update(names)
+    inner_deps = _deps_outside(red.body, names)
+    if i is not None and i.name in inner_deps:
+        em.lines.append(f"              {clamp(i, 'i0', 'ii', rows_n, ti)}")
+    if j.name in inner_deps:
+        em.lines.append(f"              {clamp(j, 'j0', 'jj', cols_n, tj)}")
+    value = em.emit(red.body)
+    out += em.lines + [f"              acc[ii][jj] = {prim.c.format('acc[ii][jj]', value)};", "            }", "          }",
+                       "        }"]
+    # store, applying whatever elementwise work follows the reduction in this kernel
+    out.append(f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) {{")
+    bounds = []
+    if i is not None:
+        out.append(f"          const long long {i.name} = i0 + ii;")
+        bounds.append(f"{i.name} < {rows_n.render_c()}")
+    out.append(f"          const long long {j.name} = j0 + jj;")
+    bounds.append(f"{j.name} < {cols_n.render_c()}")
+    out.append(f"          if ({' && '.join(bounds)}) {{")
+    em = _Emitter(program, "            ")
+    em.names[red] = "acc[ii][jj]"
+    value = em.emit(kernel.value)
+    out += em.lines + [f"            b{kernel.out}[{_flat(kernel.loop_vars, kernel.shape).render_c()}] = {value};",
+                       "          }", "        }", "      }", "    }"]
+    if npan:
+        out.append("    free(pan);")
+    out.append("    }")
+    return out
+
+
+def _deps_outside(e, named: dict) -> frozenset:
+    """Variables `e` depends on, not counting subtrees that already have a name."""
+    if e in named:
+        return frozenset()
+    if isinstance(e, Apply):
+        return frozenset().union(*(_deps_outside(a, named) for a in e.args))
+    if isinstance(e, Select):
+        return e.cond.vars() | _deps_outside(e.value, named)
+    return _deps(e)
+
+
+def _flat(loop_vars, shape) -> Expr:
+    return sum((v * s for v, s in zip(loop_vars, _strides(shape))), sym(0))
 
 
 def render_program(program: KernelProgram) -> str:
@@ -134,11 +312,6 @@ def render_program(program: KernelProgram) -> str:
     calls = "\n".join(f"    {k.name}(bufs, dims);" for k in program.kernels)
     parts.append(f"void lm_run(void **bufs, const long long *dims) {{\n{calls}\n}}\n")
     return "\n\n".join(parts)
-
-
-def _loads(e):
-    from ..compiler.kernels import loads
-    return loads(e)
 
 
 def _numel(shape) -> Expr:
@@ -155,7 +328,6 @@ def _strides(shape):
 
 def _reduce_work(e) -> Expr:
     """Iterations of the innermost reductions per output element (1 when there are none)."""
-    from ..compiler.kernels import walk
     work = sym(1)
     for node in walk(e):
         if isinstance(node, Reduce):

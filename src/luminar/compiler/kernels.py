@@ -16,8 +16,10 @@ dims, simplified when built. The IR says *what* each output element is; *how* th
 and CUDA renderers and is what the search rewrites.
 
 Default fusion (no search): a node gets its own buffer (is "realized") when it is an input, a
-reduction, a graph output, or has more than one consumer; every other elementwise node,
-constant and Contiguous is inlined into its consumers, read through composed index math.
+graph output, has more than one consumer, or is a reduction whose consumer would read it more
+than once (a broadcast); every other node is inlined into its consumer, read through composed
+index math. So elementwise producers fuse into reductions (a matmul is one kernel) and
+elementwise consumers fuse after them (sum -> exp -> +1 is one kernel).
 """
 from __future__ import annotations
 
@@ -117,14 +119,14 @@ class _Lowering:
         self.buffer_of: dict[int, int] = {}  # node id -> buffer id
         self.kernels: list[Kernel] = []
         self.reduce_vars = 0
-        uses: dict[int, int] = {}
+        uses: dict[int, list] = {}
         for n in graph.nodes:
-            for src, _ in n.srcs:
-                uses[src.id] = uses.get(src.id, 0) + 1
+            for src, tracker in n.srcs:
+                uses.setdefault(src.id, []).append((n, tracker))
         output_nodes = {node.id for node, _ in graph.outputs.values()}
-        self.realized = {n.id for n in graph.nodes
-                         if n.op == "input" or (n.primitive and n.primitive.kind == "reduce")
-                         or (n.op != "constant" and (uses.get(n.id, 0) > 1 or n.id in output_nodes))}
+        self.realized = {n.id for n in graph.nodes if n.op == "input" or (
+            n.op != "constant" and (len(uses.get(n.id, ())) > 1 or n.id in output_nodes
+                                    or _reduction_needs_buffer(n, uses.get(n.id, ()))))}
 
     def new_buffer(self, numel, dtype, kind, name) -> int:
         self.buffers.append(Buffer(len(self.buffers), numel, dtype, kind, name))
@@ -191,6 +193,15 @@ class _Lowering:
             src_idx = list(idx[:node.axis]) + [var] + list(idx[node.axis:])
             return Reduce(prim.name, var, extent, self.read(src, tracker, src_idx, guard))
         return Apply(prim.name, tuple(self.read(s, t, idx, guard) for s, t in node.srcs))
+
+
+def _reduction_needs_buffer(node: Node, uses) -> bool:
+    """A reduction fuses into its single consumer only if that consumer reads each result once, in
+    order; read through a broadcast it would be recomputed for every reuse, so it gets a buffer."""
+    if not (node.primitive and node.primitive.kind == "reduce"):
+        return False
+    consumer, tracker = uses[0]
+    return consumer.op == "contiguous" or not (tracker.is_contiguous() and tracker.shape == node.shape)
 
 
 def _numel(shape) -> Expr:

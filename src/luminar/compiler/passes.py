@@ -18,6 +18,7 @@ denormal x. x*0 is never folded to 0 (inf*0 and nan*0 are nan).
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -55,7 +56,7 @@ def compose(inner: Edge, outer: ShapeTracker, shape) -> Edge | None:
     """
     node, tracker = inner
     if is_plain(tracker, node.shape):
-        return node, tracker
+        return node, outer
     if is_plain(outer, shape):
         return inner
     if tracker.valid == ONE and all(s == ZERO for s in tracker.strides):
@@ -140,10 +141,10 @@ def dce(graph: Graph) -> Graph:
 def _cse_key(node: Node):
     """What makes two nodes compute the same value (sources by identity and view)."""
     srcs = tuple((src.id, tracker) for src, tracker in node.srcs)
-    if node.op in ("add", "mul"):  # commutative: a+b and b+a are one value
-        srcs = tuple(sorted(srcs, key=lambda e: (e[0], repr(e[1]))))
+    if node.op in ("add", "mul"):  # commutative: a+b and b+a are one value (a multiset of edges)
+        srcs = frozenset(Counter(srcs).items())
     value = node.value.hex() if isinstance(node.value, float) else node.value  # keeps 0.0 != -0.0
-    return node.op, srcs, node.shape, node.axis, value, node.dtype
+    return node.op, srcs, node.shape, node.axis, value, node.name, node.dtype
 
 
 def cse(graph: Graph) -> Graph:

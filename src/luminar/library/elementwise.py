@@ -32,7 +32,7 @@ def _select(condition, if_true, if_false):
     """`if_true` where `condition` (0/1 floats) is 1, else `if_false`.
 
     An infinity in the branch taken survives (1 * inf + 0 * finite); the branch not taken must be
-    finite. (Core `where` computes b + c * (a - b), which turns a taken infinity into NaN.)
+    finite. (Core `where` is the same blend, after turning its condition into 0/1 with ne(0).)
     """
     return condition * if_true + (1.0 - condition) * if_false
 
@@ -59,7 +59,8 @@ def absolute(input):
 def maximum(input, other):
     """torch.maximum (broadcasting): a max_reduce over the pair, exact for every value.
 
-    NaN handling follows the backend's max_reduce (the reference propagates NaN, like torch).
+    NaN handling follows the backend's max_reduce: the reference propagates NaN like torch, the
+    cpu backend's fmaxf drops it.
     """
     other = input._lift(other)
     shape = broadcast_shapes(input.dims, other.dims)
@@ -97,6 +98,9 @@ def rsub(input, other, alpha=1):
     return sub(input._lift(other), input, alpha)
 
 
+def positive(input): return input
+
+
 def square(input): return input * input
 
 
@@ -120,7 +124,10 @@ def _nearest_integer(x):
 
 def _divide_by_nonzero(input, other, quotient):
     """quotient(a, b) where b != 0; a / b (±inf, NaN for 0 / 0) where b == 0, as PyTorch gives."""
+    b = _number(other)
     other = input._lift(other)
+    if b is not None and b != 0:
+        return quotient(input, other)
     zero = other.eq(0.0)
     # the mask multiplies recip(b) before a does, so a large a/b elsewhere cannot become 0 * inf
     at_zero = input * (zero * other.reciprocal())
@@ -200,9 +207,9 @@ def _tensor_power(base, exponent):
 
 
 def power(input, exponent):
-    """torch.pow and **. A number exponent uses sqrt/rsqrt for ±0.5 and repeated multiplication for
-    integers up to 64 (exact signs, PyTorch's rounding for 2 and 3); other exponents go through
-    exp2(e * log2|x|) with the sign rules of `_tensor_power`."""
+    """torch.pow and **, with the sign rules of `_tensor_power`. A number exponent uses sqrt/rsqrt
+    for ±0.5 and repeated multiplication for integers up to 64 (PyTorch's rounding for 2 and 3);
+    other numbers go through exp2(e * log2 x), with |x| and a sign fix for large integers."""
     e = _number(exponent)
     if e is None:
         return _tensor_power(input, input._lift(exponent))
@@ -212,7 +219,10 @@ def power(input, exponent):
         return rsqrt(input)
     if e.is_integer() and abs(e) <= 64:
         return _integer_power(input, int(e))
-    return _tensor_power(input, input._lift(e))
+    if e.is_integer():
+        magnitude = (absolute(input).log2() * e).exp2()
+        return magnitude * (1.0 - 2.0 * input.lt(0.0)) if e % 2 else magnitude
+    return (input.log2() * e).exp2()  # log2 of a negative base is NaN, as torch gives
 
 
 def _reflected_power(exponent, base):
@@ -306,7 +316,7 @@ def erf(input):
 
 
 def erfc(input):
-    """torch.erfc: relative accuracy in the tail (erfc(10) ~ 2e-45 is not 1 - erf)."""
+    """torch.erfc: relative accuracy in the tail too (erfc(5) = 1.5e-12 is not 1 - erf(5))."""
     use, series = _erf_near_zero(input)
     tail = _erfc_nonnegative(absolute(input))
     return _select(use, 1.0 - series, tail + input.lt(0.0) * (2.0 - 2.0 * tail))  # erfc(-a) = 2 - erfc(a)
@@ -338,7 +348,7 @@ def selu(input): return _SELU_SCALE * elu(input, _SELU_ALPHA)
 
 def celu(input, alpha=1.0):
     """F.celu: max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
-    return maximum(input, 0.0) + alpha * expm1(minimum(input, 0.0) * (1.0 / alpha))
+    return maximum(input, 0.0) + alpha * expm1(minimum(input, 0.0) / alpha)
 
 
 def gelu(input, approximate="none"):
@@ -364,7 +374,7 @@ def softplus(input, beta=1.0, threshold=20.0):
     The smooth part is computed as (max(z, 0) + log1p(exp(-|z|))) / beta, finite for every x.
     """
     z = input * beta
-    smooth = (maximum(z, 0.0) + log1p((-absolute(z)).exp())) * (1.0 / beta)
+    smooth = (maximum(z, 0.0) + log1p((-absolute(z)).exp())) / beta
     return _select(z.gt(threshold), input, smooth)
 
 
@@ -438,12 +448,12 @@ def logical_or(input, other): return 1.0 - input.eq(0.0) * input._lift(other).eq
 def logical_xor(input, other): return input.ne(0.0).ne(input._lift(other).ne(0.0))
 
 
-def isfinite(input):
-    """torch.isfinite: x * 0 is 0 for finite x and NaN for ±inf and NaN; NaN < 1 is false.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-    (Relies on x * 0 not being folded to 0: that rewrite is not valid for floats.)
-    """
-    return (input * 0.0).lt(1.0)
+
+def isinf(input):
+    """torch.isinf: beyond the largest finite float32 on either side (NaN compares false)."""
+    return input.gt(_FLOAT32_MAX) + input.lt(-_FLOAT32_MAX)
 
 
 def isnan(input):
@@ -451,7 +461,7 @@ def isnan(input):
     return (input.lt(1.0) + input.gt(0.0)).lt(0.5)
 
 
-def isinf(input): return 1.0 - isfinite(input) - isnan(input)
+def isfinite(input): return 1.0 - isinf(input) - isnan(input)
 
 
 # -- registration -----------------------------------------------------------------------------------
@@ -469,7 +479,7 @@ def _number_first(name, method):
 
 
 METHODS = {
-    "neg": GraphTensor.__neg__, "negative": GraphTensor.__neg__, "positive": lambda input: input,
+    "neg": GraphTensor.__neg__, "negative": GraphTensor.__neg__, "positive": positive,
     "abs": absolute, "absolute": absolute, "sign": sign, "square": square,
     "maximum": maximum, "minimum": minimum,
     "clamp": clamp, "clip": clamp, "clamp_min": clamp_min, "clamp_max": clamp_max,
@@ -486,7 +496,7 @@ METHODS = {
     "logical_xor": logical_xor, "isfinite": isfinite, "isnan": isnan, "isinf": isinf,
     "less": GraphTensor.lt, "greater": GraphTensor.gt, "less_equal": GraphTensor.le,
     "greater_equal": GraphTensor.ge, "not_equal": GraphTensor.ne,
-    "__abs__": absolute, "__pos__": lambda input: input,
+    "__abs__": absolute, "__pos__": positive,
     "__pow__": power, "__rpow__": _reflected_power,
     "__mod__": remainder, "__rmod__": lambda input, other: remainder(input._lift(other), input),
     "__floordiv__": floor_divide, "__rfloordiv__": lambda input, other: floor_divide(input._lift(other), input),

@@ -8,7 +8,8 @@ every op works on symbolic dims.
 Deviations from PyTorch, all because luminar computes in float32:
 - indices (argmax, argmin, max(dim).indices) and 0/1 results (all, any) and counts
   (count_nonzero) are float32 arrays; indices are exact up to 2**24.
-- NaN is not treated as the maximum by argmax/max(dim) (comparisons with NaN are false).
+- NaN is not treated as the maximum by argmax/max(dim), and all/any/count_nonzero count NaN
+  as zero: luminar's comparisons with NaN follow from less_than, which is false for NaN.
 """
 from __future__ import annotations
 
@@ -309,15 +310,6 @@ def norm(x: GraphTensor, p="fro", dim=None, keepdim: bool = False) -> GraphTenso
     return (powered.sum(axes, keepdim).log2() * (1.0 / p)).exp2()
 
 
-METHODS = {
-    "mean": mean, "var": var, "std": std, "var_mean": var_mean, "std_mean": std_mean,
-    "amin": amin, "max": max_, "min": min_, "argmax": argmax, "argmin": argmin,
-    "logsumexp": logsumexp, "softmax": softmax, "log_softmax": log_softmax, "cumsum": cumsum,
-    "all": all_, "any": any_, "count_nonzero": count_nonzero, "norm": norm,
-}
-
-
-
 def sum_(input: GraphTensor, dim=None, keepdim: bool = False) -> GraphTensor:
     """torch.sum(input, dim, keepdim): GraphTensor.sum as a function."""
     return input.sum(dim, keepdim)
@@ -327,6 +319,13 @@ def amax_(input: GraphTensor, dim=None, keepdim: bool = False) -> GraphTensor:
     """torch.amax(input, dim, keepdim): GraphTensor.amax as a function."""
     return input.amax(dim, keepdim)
 
+
+METHODS = {
+    "mean": mean, "var": var, "std": std, "var_mean": var_mean, "std_mean": std_mean,
+    "amin": amin, "max": max_, "min": min_, "argmax": argmax, "argmin": argmin,
+    "logsumexp": logsumexp, "softmax": softmax, "log_softmax": log_softmax, "cumsum": cumsum,
+    "all": all_, "any": any_, "count_nonzero": count_nonzero, "norm": norm,
+}
 
 # sum and amax are GraphTensor's own methods; they become top-level functions here.
 FUNCTIONS = {"sum": sum_, "amax": amax_}

@@ -1,0 +1,252 @@
+"""What the machine is and what it can do: description, idle detection, and measured limits.
+
+The limits are measured, not looked up: peak FP32 FLOP/s from a C loop of independent 512-bit
+FMA accumulators, and memory bandwidth from copy and sum over arrays far larger than the
+caches. The C is compiled exactly like luminar's kernels (luminar.backends.cc.build: same
+compiler, same flags, same cache), so "peak" means what generated C can reach here.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+
+import numpy as np
+
+LIMITS_C = r"""
+#include <omp.h>
+typedef float v16 __attribute__((vector_size(64)));  /* one 512-bit register */
+
+/* 12 independent accumulators hide the FMA latency; each step is one FMA per accumulator. */
+#define STEP(r) r = r * m + c;
+double bench_fma(long long iters, int threads, float *sink) {
+    double start = 0.0, stop = 0.0;
+    #pragma omp parallel num_threads(threads)
+    {
+        const v16 m = (v16){0} + 0.9999999f, c = (v16){0} + 1e-7f;
+        v16 r0 = m, r1 = m + c, r2 = m - c, r3 = m * m, r4 = m + m, r5 = c + c;
+        v16 r6 = m * c, r7 = m - m + 1.0f, r8 = m + 0.5f, r9 = m - 0.5f, r10 = c + 0.25f, r11 = m * 0.75f;
+        #pragma omp barrier
+        #pragma omp master
+        start = omp_get_wtime();
+        for (long long i = 0; i < iters; i++) {
+            STEP(r0) STEP(r1) STEP(r2) STEP(r3) STEP(r4) STEP(r5)
+            STEP(r6) STEP(r7) STEP(r8) STEP(r9) STEP(r10) STEP(r11)
+            __asm__ volatile("" : "+v"(r0), "+v"(r1), "+v"(r2), "+v"(r3), "+v"(r4), "+v"(r5));
+        }
+        v16 total = r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7 + r8 + r9 + r10 + r11;
+        sink[omp_get_thread_num()] = total[0] + total[15];
+        #pragma omp barrier
+        #pragma omp master
+        stop = omp_get_wtime();
+    }
+    return stop - start;
+}
+
+double bench_sum(const float *restrict x, long long n, int threads, float *sink) {
+    double start = omp_get_wtime();
+    float s = 0.0f;
+    #pragma omp parallel for reduction(+:s) num_threads(threads) schedule(static)
+    for (long long i = 0; i < n; i++) s += x[i];
+    *sink = s;
+    return omp_get_wtime() - start;
+}
+
+double bench_copy(float *restrict dst, const float *restrict src, long long n, int threads) {
+    double start = omp_get_wtime();
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long long i = 0; i < n; i++) dst[i] = src[i];
+    return omp_get_wtime() - start;
+}
+"""
+
+FMA_FLOPS_PER_ITER = 12 * 16 * 2  # accumulators x lanes x (mul + add)
+
+
+# -- description ---------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return platform.processor() or "unknown"
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+    isa = [f for f in ("avx512f", "avx2", "fma", "amx_tile") if flags and f in flags.group(1).split()]
+    return f"{found.group(1).strip() if found else 'unknown'} ({', '.join(isa)})"
+
+
+def compiler_version() -> str:
+    from luminar.backends import cc
+    try:
+        out = subprocess.run([cc.compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
+        return out.splitlines()[0] if out else "unknown"
+    except Exception as e:  # noqa: BLE001 - a description must never stop the bench
+        return f"unknown ({e})"
+
+
+def openblas_info() -> str:
+    """The OpenBLAS core numpy uses at run time (threadpoolctl if present, else ask the library)."""
+    try:
+        import threadpoolctl
+        for lib in threadpoolctl.threadpool_info():
+            if lib.get("internal_api") == "openblas":
+                return f"OpenBLAS {lib.get('version')} {lib.get('architecture')} ({lib.get('num_threads')} threads)"
+    except ImportError:
+        pass
+    for path in _loaded_libraries("openblas"):
+        lib = ctypes.CDLL(path)
+        for suffix in ("", "64_", "_64"):
+            for prefix in ("openblas", "scipy_openblas"):
+                fn = getattr(lib, f"{prefix}_get_corename{suffix}", None)
+                config = getattr(lib, f"{prefix}_get_config{suffix}", None)
+                if fn is not None:
+                    fn.restype = ctypes.c_char_p
+                    described = config and _call_str(config)
+                    return f"{described or 'OpenBLAS'} core {fn().decode()}"
+    return "unknown BLAS"
+
+
+def _call_str(fn) -> str:
+    fn.restype = ctypes.c_char_p
+    return fn().decode().strip()
+
+
+def _loaded_libraries(fragment: str) -> list[str]:
+    try:
+        maps = open("/proc/self/maps").read().split("\n")
+    except OSError:
+        return []
+    return sorted({line.split()[-1] for line in maps if fragment in line and line.split()[-1].startswith("/")})
+
+
+# -- idle detection --------------------------------------------------------------------------------
+def cpu_times() -> dict[str, list[int]]:
+    """Per-CPU jiffies from /proc/stat: {'cpu0': [user, nice, system, idle, iowait, irq, softirq, steal]}."""
+    rows = {}
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("cpu"):
+                name, *values = line.split()
+                rows[name] = [int(v) for v in values[:8]]
+    return rows
+
+
+def idle_fractions(before, after) -> dict[str, float]:
+    out = {}
+    for cpu in after:
+        if cpu == "cpu":
+            continue
+        delta = [a - b for a, b in zip(after[cpu], before[cpu])]
+        total = sum(delta)
+        out[cpu] = (delta[3] + delta[4]) / total if total else 1.0
+    return out
+
+
+def wait_for_idle(max_wait_s: float, threshold: float = 0.9, window_s: float = 0.5) -> dict:
+    """Sample /proc/stat until every CPU is >= threshold idle over one window, or give up."""
+    start = time.perf_counter()
+    fractions: dict[str, float] = {}
+    while True:
+        before = cpu_times()
+        time.sleep(window_s)
+        fractions = idle_fractions(before, cpu_times())
+        waited = time.perf_counter() - start
+        if fractions and min(fractions.values()) >= threshold:
+            return {"idle": True, "waited_s": round(waited, 2), "idle_fractions": _rounded(fractions)}
+        if waited >= max_wait_s:
+            return {"idle": False, "waited_s": round(waited, 2), "idle_fractions": _rounded(fractions)}
+
+
+def _rounded(d):
+    return {k: round(v, 3) for k, v in d.items()}
+
+
+class LoadMonitor:
+    """CPU time others used while we measured: (busy time of all CPUs - our own CPU time) / wall.
+
+    Our process's CPU time includes all its threads (OpenMP, OpenBLAS, torch), so what is left
+    is other tenants; 'steal' is time the hypervisor gave our vCPUs to someone else.
+    """
+
+    def __enter__(self):
+        self.wall, self.proc, self.stat = time.perf_counter(), _own_cpu(), cpu_times()["cpu"]
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self.wall
+        hz = os.sysconf("SC_CLK_TCK")
+        delta = [a - b for a, b in zip(cpu_times()["cpu"], self.stat)]
+        busy = (sum(delta) - delta[3] - delta[4] - delta[7]) / hz
+        self.foreign_cpus = max(busy - (_own_cpu() - self.proc), 0.0) / wall if wall else 0.0
+        self.steal_cpus = delta[7] / hz / wall if wall else 0.0
+        return False
+
+
+def _own_cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# -- measured limits -------------------------------------------------------------------------------
+def _library():
+    from luminar.backends import cc  # same compiler, flags and cache as luminar's kernels
+    lib = ctypes.CDLL(str(cc.build(LIMITS_C)))
+    lib.bench_fma.argtypes = [ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
+    lib.bench_sum.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
+    lib.bench_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int]
+    for fn in (lib.bench_fma, lib.bench_sum, lib.bench_copy):
+        fn.restype = ctypes.c_double
+    return lib
+
+
+def measure_limits(threads=(1, 2), bandwidth_mb: int = 256, repeats: int = 7, fma_seconds: float = 0.2) -> dict:
+    """Peak FMA FLOP/s and copy/sum bandwidth for each thread count; medians and bests of `repeats`."""
+    lib = _library()
+    sink = np.zeros(64, np.float32)
+    rows = []
+    iters = _calibrate_fma(lib, sink, fma_seconds)
+    for n in threads:
+        secs = [lib.bench_fma(iters, n, sink.ctypes.data) for _ in range(repeats)]
+        rows.append(_row("FMA peak (C, 512-bit vectors)", n, "GFLOP/s", [n * iters * FMA_FLOPS_PER_ITER / s / 1e9
+                                                                           for s in secs]))
+    count = bandwidth_mb * 2**20 // 4
+    src, dst = np.ones(count, np.float32), np.zeros(count, np.float32)  # touched: pages are mapped
+    nbytes = src.nbytes
+    for n in threads:
+        secs = [lib.bench_sum(src.ctypes.data, count, n, sink.ctypes.data) for _ in range(repeats)]
+        rows.append(_row("sum (C, read)", n, "GB/s", [nbytes / s / 1e9 for s in secs]))
+        secs = [lib.bench_copy(dst.ctypes.data, src.ctypes.data, count, n) for _ in range(repeats)]
+        rows.append(_row("copy (C, read + write)", n, "GB/s", [2 * nbytes / s / 1e9 for s in secs]))
+    rows.append(_row("sum (numpy)", 1, "GB/s", [nbytes / s / 1e9 for s in _times(lambda: src.sum(), repeats)]))
+    rows.append(_row("copy (numpy copyto)", 1, "GB/s",
+                     [2 * nbytes / s / 1e9 for s in _times(lambda: np.copyto(dst, src), repeats)]))
+    return {"rows": rows, "array_mb": bandwidth_mb,
+            "peak_gflops": max(r["median"] for r in rows if r["unit"] == "GFLOP/s"),
+            "bandwidth_gbs": max(r["median"] for r in rows if r["unit"] == "GB/s")}
+
+
+def _calibrate_fma(lib, sink, seconds: float) -> int:
+    iters = 1 << 16
+    while True:
+        elapsed = lib.bench_fma(iters, 1, sink.ctypes.data)
+        if elapsed >= 0.02:
+            return max(int(iters * seconds / elapsed), 1)
+        iters *= 4
+
+
+def _times(fn, repeats):
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _row(kernel, threads, unit, values):
+    return {"kernel": kernel, "threads": threads, "unit": unit,
+            "median": statistics.median(values), "best": max(values)}

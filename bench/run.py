@@ -1,0 +1,263 @@
+"""Benchmark luminar's CPU backend against numpy and PyTorch eager, in one process, and write
+bench/RESULTS.md and bench/results.json.
+
+    make bench                         # the full run (< 10 minutes)
+    .venv/bin/python bench/run.py --quick   # small sizes, few rounds (< 1 minute)
+
+Per benchmark: build the luminar graph, compile it twice (a cold compile into an empty
+LUMINAR_CACHE, then the cached path), check every contender's output against a float64
+numpy reference (a wrong kernel is never timed), wait briefly for an idle machine, then time
+luminar / numpy / torch interleaved and report medians, speed ratios and the goal's status.
+The machine's own limits (peak FMA FLOP/s, memory bandwidth) are measured first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+BLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def _reexec_without_blas_overrides():
+    """Benchmark numpy as it runs by default: drop OpenBLAS kernel overrides for this process only."""
+    found = {k: os.environ[k] for k in BLAS_OVERRIDES if k in os.environ}
+    if found:
+        env = {k: v for k, v in os.environ.items() if k not in BLAS_OVERRIDES}
+        env["LUMINAR_BENCH_UNSET"] = json.dumps(found)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+
+
+_reexec_without_blas_overrides()  # before numpy is imported: OpenBLAS reads them when it loads
+
+import datetime  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import cases  # noqa: E402
+import machine  # noqa: E402
+import report  # noqa: E402
+from timing import interleaved  # noqa: E402
+
+ARENA_SLACK = 64  # bytes: the goal allows one alignment unit above the liveness lower bound
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small sizes and few rounds: a smoke run (< 1 min)")
+    p.add_argument("--only", default="", help="run only benchmarks whose name contains this text")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default bench/, or bench/quick/ with --quick)")
+    p.add_argument("--idle-wait", type=float, default=None, help="max seconds to wait for an idle machine "
+                   "before each benchmark (default 20 first, then 10; 2 with --quick)")
+    return p.parse_args(argv)
+
+
+def settings(args) -> dict:
+    if args.quick:
+        return {"max_rounds": 5, "min_rounds": 2, "budget_s": 0.3, "first_idle_wait_s": 2, "idle_wait_s": 1,
+                "limits": {"bandwidth_mb": 64, "repeats": 3, "fma_seconds": 0.05}}
+    first = 20 if args.idle_wait is None else args.idle_wait
+    return {"max_rounds": 40, "min_rounds": 5, "budget_s": 3.0, "first_idle_wait_s": first,
+            "idle_wait_s": 10 if args.idle_wait is None else args.idle_wait,
+            "limits": {"bandwidth_mb": 256, "repeats": 7, "fma_seconds": 0.2}}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cfg = settings(args)
+    out_dir = args.out or (HERE / "quick" if args.quick else HERE)
+    cache = tempfile.mkdtemp(prefix="luminar-bench-cache-")
+    os.environ["LUMINAR_CACHE"] = cache  # every first compile is cold; the user's cache is untouched
+    try:
+        import torch
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            results = run_all(args, cfg)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
+    text = report.markdown(results)
+    (out_dir / "RESULTS.md").write_text(text)
+    print(report.summary(results))
+    print(f"\nwrote {out_dir / 'RESULTS.md'} and {out_dir / 'results.json'}")
+    return 0
+
+
+def run_all(args, cfg) -> dict:
+    started = time.time()
+    info = describe(args)
+    print(f"{info['cpu']}, {info['cpus']} CPUs; waiting up to {cfg['first_idle_wait_s']} s for an idle machine")
+    idle = machine.wait_for_idle(cfg["first_idle_wait_s"])
+    with machine.LoadMonitor() as load:
+        limits = machine.measure_limits(**cfg["limits"])
+    limits.update(idle_before=idle, foreign_cpus=round(load.foreign_cpus, 3), steal_cpus=round(load.steal_cpus, 3))
+    for row in limits["rows"]:
+        print(f"  {row['kernel']:32s} {row['threads']} thread(s): {row['median']:7.1f} {row['unit']}")
+    rows = []
+    for case in cases.all_cases(args.quick):
+        if args.only and args.only.lower() not in case.name.lower():
+            continue
+        print(f"{case.name} [{case.size}] ...", flush=True)
+        row = run_case(case, cfg, limits)
+        print("  " + report.one_line(row), flush=True)
+        rows.append(row)
+    info["duration_s"] = round(time.time() - started, 1)
+    return {"info": info, "settings": cfg, "limits": limits, "rows": rows}
+
+
+def describe(args) -> dict:
+    import torch
+
+    import luminar
+    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "mode": "quick" if args.quick else "full", "cpu": machine.cpu_model(), "cpus": os.cpu_count(),
+            "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "python": platform.python_version(), "luminar": f"{luminar.__version__} ({git_revision()})",
+            "numpy": np.__version__, "blas": machine.openblas_info(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "compiler": machine.compiler_version(),
+            "unset_env": json.loads(os.environ.get("LUMINAR_BENCH_UNSET", "{}")),
+            "command": "make bench" if not args.quick else "python bench/run.py --quick"}
+
+
+def git_revision() -> str:
+    repo = HERE.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "src"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return f"git {rev}{' + uncommitted changes in src/' if dirty else ''}" if rev else "no git"
+    except (OSError, subprocess.SubprocessError):
+        return "no git"
+
+
+# -- one benchmark ------------------------------------------------------------------------------------
+def run_case(case: cases.Case, cfg: dict, limits: dict) -> dict:
+    import torch
+    row = {"name": case.name, "size": case.size, "unit": case.unit, "flops": case.flops, "bytes": case.bytes,
+           "goals": [], "errors": {}}
+    arrays = case.inputs()
+    reference = as_arrays(case.numpy_fn(**{k: v.astype(np.float64) for k, v in arrays.items()}))
+    tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
+    contenders = {"numpy": lambda: case.numpy_fn(**arrays), "torch": lambda: case.torch_fn(**tensors)}
+    program = compile_luminar(case, row)
+    if program is not None:
+        contenders = {"luminar": lambda: program(**arrays), **contenders}
+    checked, first_call = {}, {}
+    for name, fn in contenders.items():
+        start = time.perf_counter()
+        try:
+            out = as_arrays(fn())
+        except Exception as e:  # noqa: BLE001 - a failing contender is reported, the others still run
+            row["errors"][name] = f"run failed: {type(e).__name__}: {e}"[:500]
+            continue
+        first_call[name] = time.perf_counter() - start
+        problem = mismatch(out, reference, case.rtol)
+        if problem:
+            row["errors"][name] = f"wrong result, not timed: {problem}"
+        else:
+            checked[name] = fn
+    if program is not None:
+        row["memory"] = memory_plan(program, case.dims)
+    row["idle_before"] = machine.wait_for_idle(cfg["idle_wait_s"])
+    with machine.LoadMonitor() as load:
+        row["times"] = interleaved(checked, max_rounds=cfg["max_rounds"], min_rounds=cfg["min_rounds"],
+                                   budget_s=cfg["budget_s"], warm_calls=first_call)
+    row["foreign_cpus"], row["steal_cpus"] = round(load.foreign_cpus, 3), round(load.steal_cpus, 3)
+    score(row, case, limits)
+    return row
+
+
+def compile_luminar(case, row):
+    """Compile cold (empty cache) then again (cached); record both times. None if it fails."""
+    try:
+        graph = case.graph()
+        start = time.perf_counter()
+        program = graph.compile("cpu")
+        row["compile_first_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        graph.compile("cpu")
+        row["compile_cached_s"] = time.perf_counter() - start
+        row["source_lines"] = program.source.count("\n") + 1 if hasattr(program, "source") else None
+        return program
+    except Exception as e:  # noqa: BLE001 - the backend is under construction: report, keep going
+        row["errors"]["luminar"] = f"compile failed: {type(e).__name__}: {e}"[:500]
+        return None
+
+
+def as_arrays(out) -> dict[str, np.ndarray]:
+    result = {}
+    for name, value in out.items():
+        if hasattr(value, "detach"):
+            value = value.detach().numpy()
+        result[name] = np.asarray(value)
+    return result
+
+
+def mismatch(out: dict, reference: dict, rtol: float) -> str | None:
+    """None if `out` matches the float64 reference loosely (tolerance scaled by the output's magnitude)."""
+    for name, ref in reference.items():
+        if name not in out:
+            return f"output {name!r} missing"
+        got = np.asarray(out[name], np.float64)
+        if got.shape != ref.shape:
+            return f"{name}: shape {got.shape}, expected {ref.shape}"
+        if not np.isfinite(got).all():
+            return f"{name}: {int((~np.isfinite(got)).sum())} non-finite values"
+        scale = float(np.abs(ref).max()) if ref.size else 0.0
+        err = np.abs(got - ref)
+        bad = err > rtol * (np.abs(ref) + scale)
+        if bad.any():
+            worst = np.unravel_index(int(np.argmax(err)), err.shape) if err.ndim else ()
+            return (f"{name}: {int(bad.sum())} of {ref.size} values off; worst at {worst}: "
+                    f"{float(got[worst]):.6g} vs {float(ref[worst]):.6g} (output scale {scale:.3g})")
+    return None
+
+
+def memory_plan(program, dims: dict) -> dict | None:
+    if not hasattr(program, "memory_plan"):
+        return None
+    try:
+        plan, _ = program.memory_plan(dict(dims))
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
+    met = plan.arena_bytes <= plan.lower_bound_bytes + ARENA_SLACK
+    return {"arena_bytes": plan.arena_bytes, "lower_bound_bytes": plan.lower_bound_bytes,
+            "unshared_bytes": plan.unshared_bytes, "temps": len(plan.offsets), "met": met}
+
+
+def score(row: dict, case: cases.Case, limits: dict):
+    """Rates, speed ratios (other's median / luminar's: > 1 means luminar is faster) and goals."""
+    times = row["times"]
+    work = case.flops if case.unit == "GFLOP/s" else case.bytes
+    row["rates"] = {name: work / (t["median_ms"] * 1e-3) / 1e9 for name, t in times.items()}
+    limit = limits["peak_gflops"] if case.unit == "GFLOP/s" else limits["bandwidth_gbs"]
+    row["fraction_of_limit"] = row["rates"]["luminar"] / limit if "luminar" in times else None
+    lum = times.get("luminar")
+    row["speed_vs"] = {name: t["median_ms"] / lum["median_ms"] for name, t in times.items()
+                       if lum and name != "luminar"}
+    for goal in case.goals:
+        if lum is None:
+            met, value = None, None
+        elif goal.vs == "bandwidth":
+            value = row["rates"]["luminar"] / limits["bandwidth_gbs"]
+            met = value >= goal.ratio
+        else:
+            value = row["speed_vs"].get(goal.vs)
+            met = None if value is None else value >= goal.ratio
+        row["goals"].append({"goal": goal.text, "value": value, "met": met})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Interleaved timing: every round calls each contender once, so a burst of load from another
+tenant hits all contenders alike instead of ruining one of them. Medians, not means.
+
+A contender stops sampling once it has spent its time budget (a slow kernel gets few samples,
+never less than one); a fast one repeats its call `number` times per sample so that a sample
+lasts long enough for the clock to resolve it.
+"""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Samples:
+    number: int  # calls per sample
+    seconds: list[float] = field(default_factory=list)  # per call, one entry per sample
+    spent: float = 0.0  # total seconds timed
+
+    def summary(self) -> dict:
+        s = sorted(self.seconds)
+        return {"median_ms": statistics.median(s) * 1e3, "best_ms": s[0] * 1e3,
+                "q1_ms": s[len(s) // 4] * 1e3, "q3_ms": s[(3 * len(s)) // 4] * 1e3,
+                "samples": len(s), "calls_per_sample": self.number,
+                "all_ms": [round(v * 1e3, 5) for v in self.seconds]}
+
+
+def _call_seconds(fn, number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number
+
+
+def interleaved(contenders: dict, *, max_rounds: int, min_rounds: int, budget_s: float,
+                sample_s: float = 0.01, warm_calls: dict | None = None) -> dict[str, dict]:
+    """Time zero-argument callables round-robin; returns {name: summary}.
+
+    `warm_calls` maps a name to the seconds of a call already made (e.g. the correctness check);
+    a contender slower than the budget is not warmed up again.
+    """
+    warm_calls = warm_calls or {}
+    state = {}
+    for name, fn in contenders.items():
+        first = warm_calls.get(name)
+        if first is None or first < budget_s:
+            first = _call_seconds(fn, 1)  # warm-up: caches, thread pools, lazy allocations
+        state[name] = Samples(number=max(1, min(1000, int(sample_s / max(first, 1e-9)))))
+
+    def wants_more(s: Samples) -> bool:
+        n = len(s.seconds)
+        if n == 0:
+            return True
+        if n >= max_rounds:
+            return False
+        if s.spent < budget_s:
+            return True
+        return n < min_rounds and s.spent + s.seconds[-1] * s.number <= 3 * budget_s
+
+    names = list(contenders)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for round_index in range(max_rounds):
+            order = names[round_index % len(names):] + names[:round_index % len(names)]  # rotate: no fixed neighbour
+            active = [n for n in order if wants_more(state[n])]
+            if not active:
+                break
+            for name in active:
+                s = state[name]
+                per_call = _call_seconds(contenders[name], s.number)
+                s.seconds.append(per_call)
+                s.spent += per_call * s.number
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {name: s.summary() for name, s in state.items()}
