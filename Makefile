@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo setup clean loc
+.PHONY: test demo bench setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,9 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VPY) examples/quickstart.py
+
+bench: $(STAMP)
+	$(VPY) bench/run.py
 
 loc:
 	$(PY) ../shared/tools/loc.py --per-file

@@ -257,7 +257,8 @@ def llama_decode(cached: int, L: LlamaShape = LlamaShape()) -> Case:
     attention = 2 * 2 * L.heads * (cached + 1) * L.head_dim
     return Case("Llama block decode step", f"hidden {L.hidden}, {L.heads}/{L.kv_heads} heads x {L.head_dim}, "
                 f"MLP {L.mlp}, batch 1, {cached} cached tokens", graph, numpy_fn, torch_fn, inputs,
-                flops=2.0 * matrices + attention, bytes=weight_bytes + cache_bytes, unit="GB/s", dims={"t": cached},
+                flops=2.0 * matrices + attention, bytes=weight_bytes + cache_bytes, unit="GB/s",
+                dims={"t": cached},
                 goals=[Goal("faster than PyTorch eager", "torch", 1.0)], rtol=2e-3)
 
 

@@ -112,7 +112,7 @@ def openblas_info() -> str:
 
 def _call_str(fn) -> str:
     fn.restype = ctypes.c_char_p
-    return fn().decode().strip()
+    return " ".join(fn().decode().split())
 
 
 def _loaded_libraries(fragment: str) -> list[str]:

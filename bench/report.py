@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 CONTENDERS = ("luminar", "numpy", "torch")
+ARENA_GOAL = "arena <= lower bound + 64 B"
 
 
 def _ms(row, name) -> str:
@@ -42,7 +43,11 @@ def one_line(row) -> str:
         parts.append(f"luminar {rate:.3g} {row['unit']}")
     parts += [f"vs {k} {v:.2f}x" for k, v in row.get("speed_vs", {}).items()]
     parts += [f"{g['goal']}: {_status(g['met'])}" for g in row["goals"]]
-    parts += [f"{k}: {v}" for k, v in row.get("errors", {}).items()]
+    memory = row.get("memory") or {}
+    if "met" in memory:
+        parts.append(f"arena {_bytes(memory['arena_bytes'])} (lower bound {_bytes(memory['lower_bound_bytes'])}): "
+                     f"{_status(memory['met'])}")
+    parts += [f"{k}: {v}" for k, v in {**row.get("errors", {}), **row.get("accuracy", {})}.items()]
     return ", ".join(parts)
 
 
@@ -67,7 +72,8 @@ def results_table(results) -> list[str]:
 def limits_table(limits) -> list[str]:
     lines = ["| kernel | threads | median | best |", "|---|---:|---:|---:|"]
     for r in limits["rows"]:
-        lines.append(f"| {r['kernel']} | {r['threads']} | {r['median']:.1f} {r['unit']} | {r['best']:.1f} {r['unit']} |")
+        unit = r["unit"]
+        lines.append(f"| {r['kernel']} | {r['threads']} | {r['median']:.1f} {unit} | {r['best']:.1f} {unit} |")
     return lines
 
 
@@ -79,10 +85,10 @@ def memory_table(results) -> list[str]:
         if not m:
             continue
         if "error" in m:
-            lines.append(f"| {row['name']} | — | — | — | — | arena <= lower bound + 64 B | error: {m['error']} |")
+            lines.append(f"| {row['name']} | — | — | — | — | {ARENA_GOAL} | error: {m['error']} |")
             continue
         lines.append(f"| {row['name']} | {m['temps']} | {_bytes(m['arena_bytes'])} | {_bytes(m['lower_bound_bytes'])} "
-                     f"| {_bytes(m['unshared_bytes'])} | arena <= lower bound + 64 B | {_status(m['met'])} |")
+                     f"| {_bytes(m['unshared_bytes'])} | {ARENA_GOAL} | {_status(m['met'])} |")
     return lines
 
 
@@ -92,8 +98,8 @@ def compile_table(results) -> list[str]:
     for row in results["rows"]:
         if "compile_first_s" not in row:
             continue
-        lines.append(f"| {row['name']} | {row['compile_first_s'] * 1e3:.0f} ms | {row['compile_cached_s'] * 1e3:.1f} ms "
-                     f"| {row.get('source_lines') or '—'} |")
+        first, cached = row["compile_first_s"] * 1e3, row["compile_cached_s"] * 1e3
+        lines.append(f"| {row['name']} | {first:.0f} ms | {cached:.1f} ms | {row.get('source_lines') or '—'} |")
     return lines
 
 
@@ -116,8 +122,9 @@ def noise_table(results) -> list[str]:
 def errors_list(results) -> list[str]:
     lines = []
     for row in results["rows"]:
-        for name, message in row.get("errors", {}).items():
-            lines.append(f"- {row['name']} / {name}: {message}")
+        for kind in ("errors", "accuracy"):
+            for name, message in row.get(kind, {}).items():
+                lines.append(f"- {row['name']} / {name}: {message}")
     return lines
 
 
@@ -179,8 +186,9 @@ def markdown(results) -> str:
     ]
     errors = errors_list(results)
     if errors:
-        out += ["", "## Errors", "", *errors]
-    out += ["", "## Reproduce", "", "```", "make bench                              # full run, writes bench/RESULTS.md",
+        out += ["", "## Errors and accuracy notes", "", *errors]
+    out += ["", "## Reproduce", "", "```",
+            "make bench                              # full run, writes bench/RESULTS.md",
             ".venv/bin/python bench/run.py --quick   # smoke run, writes bench/quick/",
             ".venv/bin/python bench/run.py --only matmul   # a subset", "```", ""]
     return "\n".join(out)

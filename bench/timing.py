@@ -4,6 +4,11 @@ tenant hits all contenders alike instead of ruining one of them. Medians, not me
 A contender stops sampling once it has spent its time budget (a slow kernel gets few samples,
 never less than one); a fast one repeats its call `number` times per sample so that a sample
 lasts long enough for the clock to resolve it.
+
+Thread pools keep spinning after a call (OpenBLAS's workers for ~0.1 s, libgomp's for a few
+ms), and on a two-CPU machine a pool left spinning by one contender steals a CPU from the next.
+So between samples the harness lets the process go quiet (`settle`): each contender starts its
+sample the way it would start in a program of its own.
 """
 from __future__ import annotations
 
@@ -18,12 +23,14 @@ class Samples:
     number: int  # calls per sample
     seconds: list[float] = field(default_factory=list)  # per call, one entry per sample
     spent: float = 0.0  # total seconds timed
+    settled: list[float] = field(default_factory=list)  # seconds waited for this process to go quiet after a sample
 
     def summary(self) -> dict:
         s = sorted(self.seconds)
         return {"median_ms": statistics.median(s) * 1e3, "best_ms": s[0] * 1e3,
                 "q1_ms": s[len(s) // 4] * 1e3, "q3_ms": s[(3 * len(s)) // 4] * 1e3,
                 "samples": len(s), "calls_per_sample": self.number,
+                "settle_ms": statistics.median(self.settled) * 1e3 if self.settled else 0.0,
                 "all_ms": [round(v * 1e3, 5) for v in self.seconds]}
 
 
@@ -32,6 +39,19 @@ def _call_seconds(fn, number: int) -> float:
     for _ in range(number):
         fn()
     return (time.perf_counter() - start) / number
+
+
+def settle(max_s: float = 0.25, window_s: float = 0.002) -> float:
+    """Sleep until this process uses under 10% of a CPU over a window (its pools stopped spinning)."""
+    start = time.perf_counter()
+    last = time.process_time()
+    while time.perf_counter() - start < max_s:
+        time.sleep(window_s)
+        now = time.process_time()
+        if now - last < 0.1 * window_s:
+            break
+        last = now
+    return time.perf_counter() - start
 
 
 def interleaved(contenders: dict, *, max_rounds: int, min_rounds: int, budget_s: float,
@@ -47,6 +67,7 @@ def interleaved(contenders: dict, *, max_rounds: int, min_rounds: int, budget_s:
         first = warm_calls.get(name)
         if first is None or first < budget_s:
             first = _call_seconds(fn, 1)  # warm-up: caches, thread pools, lazy allocations
+        settle()
         state[name] = Samples(number=max(1, min(1000, int(sample_s / max(first, 1e-9)))))
 
     def wants_more(s: Samples) -> bool:
@@ -73,6 +94,7 @@ def interleaved(contenders: dict, *, max_rounds: int, min_rounds: int, budget_s:
                 per_call = _call_seconds(contenders[name], s.number)
                 s.seconds.append(per_call)
                 s.spent += per_call * s.number
+                s.settled.append(settle())
     finally:
         if gc_was_enabled:
             gc.enable()

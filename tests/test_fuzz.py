@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import luminar as lm
+from conftest import BACKENDS
 from luminar import GraphTensor
 
 BOUND = 16.0
@@ -28,7 +30,7 @@ MAX_ELEMENTS = 2000
 RTOL, ATOL = 1e-4, 1e-5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class FuzzOp:
     """One row of the table: how luminar and numpy spell an op, and when it may be drawn."""
     name: str
@@ -38,6 +40,9 @@ class FuzzOp:
     fits: Callable = lambda *arrays: True  # may the op take these operands?
     params: Callable = lambda draw, *arrays: {}  # draws the op's arguments with hypothesis
     needs: tuple = ()  # GraphTensor methods the op uses; "lm.name" for luminar functions
+
+    def __repr__(self):
+        return self.name  # hypothesis prints drawn ops in failure reports
 
     def available(self) -> bool:
         return all(hasattr(lm, n[3:]) if n.startswith("lm.") else hasattr(GraphTensor, n) for n in self.needs)
@@ -299,9 +304,8 @@ def apply_random_op(data, pool: list, names: list[str]) -> None:
 AVAILABLE = [op for op in OPS if op.available()]
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(st.data())
-def test_random_graphs_match_numpy(data):
+def draw_graph(data) -> tuple[lm.Graph, dict, dict]:
+    """A random graph with outputs "last" and "other"; returns it, its inputs and the expected outputs."""
     g = lm.Graph()
     shapes = data.draw(input_shapes(), label="input shapes")
     seed = data.draw(st.integers(0, 2**16), label="seed")
@@ -310,19 +314,39 @@ def test_random_graphs_match_numpy(data):
     names = list(inputs)
     event(f"rank {max(a.ndim for a in inputs.values())}")
     note(f"inputs: {', '.join(f'{n} {a.shape}' for n, a in inputs.items())}")
-    for _ in range(data.draw(st.sampled_from(range(1, 9)), label="op count")):
+    for step in range(8):
         apply_random_op(data, pool, names)
+        if step < 7 and data.draw(st.integers(0, 9), label="stop if 0") == 0:
+            break  # an explicit stop shrinks better than a drawn op count
     outputs = {"last": len(pool) - 1, "other": data.draw(st.integers(0, len(pool) - 1), label="other output")}
+    note(f"outputs: {', '.join(f'{name}={names[k]}' for name, k in outputs.items())}")
     for name, k in outputs.items():
         pool[k][0].output(name)
-    note(f"outputs: {', '.join(f'{name}={names[k]}' for name, k in outputs.items())}")
+    return g, inputs, {name: pool[k][1] for name, k in outputs.items()}
+
+
+def assert_matches(program, inputs: dict, expected: dict, label: str):
+    result = program(**inputs)
+    for name, value in expected.items():
+        assert result[name].shape == value.shape, f"output {name} has the wrong shape ({label})"
+        np.testing.assert_allclose(result[name], value, rtol=RTOL, atol=ATOL, err_msg=f"output {name} ({label})")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_reference_runtime_matches_numpy_with_and_without_passes(data):
+    g, inputs, expected = draw_graph(data)
     for passes in ([], None):
-        result = g.compile("reference", passes=passes)(**inputs)
-        for name, k in outputs.items():
-            expected = pool[k][1]
-            assert result[name].shape == expected.shape, f"{name} with passes={passes}"
-            np.testing.assert_allclose(result[name], expected, rtol=RTOL, atol=ATOL,
-                                       err_msg=f"output {name} ({names[k]}) with passes={passes}")
+        assert_matches(g.compile("reference", passes=passes), inputs, expected, f"reference, passes={passes}")
+
+
+# Each random graph is a fresh C compile (~0.2 s), so compiled backends get fewer examples.
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "reference"])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_compiled_backends_match_numpy(backend, data):
+    g, inputs, expected = draw_graph(data)
+    assert_matches(g.compile(backend), inputs, expected, backend)
 
 
 def test_the_op_table_only_uses_what_the_library_has():

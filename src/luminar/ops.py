@@ -50,7 +50,8 @@ LESS_THAN = Primitive("less_than", "binary", _f32(np.less), "(float)({0} < {1})"
 SUM_REDUCE = Primitive("sum_reduce", "reduce", _f32(lambda x, axis: np.sum(x, axis=axis, dtype=np.float32)),
                        "({0} + {1})", identity=0.0)
 MAX_REDUCE = Primitive("max_reduce", "reduce", _f32(lambda x, axis: np.max(x, axis=axis, initial=-np.inf)),
-                       "fmaxf({0}, {1})", identity=float("-inf"))
+                       # not fmaxf: it drops NaN, and it blocks vectorization without -ffinite-math-only
+                       "({0} > {1} || {0} != {0} ? {0} : {1})", identity=float("-inf"))
 
 PRIMITIVES: dict[str, Primitive] = {p.name: p for p in (
     EXP2, LOG2, SIN, SQRT, RECIP, ADD, MUL, MOD, LESS_THAN, SUM_REDUCE, MAX_REDUCE)}

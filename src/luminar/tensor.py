@@ -138,7 +138,9 @@ class GraphTensor:
 
     def _reduce(self, op: str, dim=None, keepdim: bool = False) -> GraphTensor:
         """Reduce over `dim` (int, tuple, or None for all) one axis at a time, highest first."""
-        axes = range(self.ndim) if dim is None else (dim,) if isinstance(dim, (int, np.integer)) else dim
+        if dim is None or (isinstance(dim, (tuple, list)) and not dim):  # PyTorch: () also means every dim
+            dim = range(self.ndim)
+        axes = (dim,) if isinstance(dim, (int, np.integer)) else dim
         axes = sorted({normalize_dim(d, self.ndim) for d in axes}, reverse=True)
         if self.ndim == 0:
             return self  # PyTorch: reducing a 0-d tensor returns its value

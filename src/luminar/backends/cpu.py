@@ -44,8 +44,9 @@ def render_float(v: float) -> str:
 class _Emitter:
     """Turns an IR expression into C statements, naming each distinct subexpression once."""
 
-    def __init__(self, program: KernelProgram, indent: str):
+    def __init__(self, program: KernelProgram, indent: str, threaded_reduce: bool = False):
         self.program, self.indent = program, indent
+        self.threaded_reduce = threaded_reduce  # split the first reduction across threads (scalar outputs)
         self.lines: list[str] = []
         self.names: dict = {}
         self.count = 0
@@ -86,6 +87,11 @@ class _Emitter:
         prim = PRIMITIVES[e.op]
         acc = self.fresh("acc")
         self.lines.append(f"{self.indent}float {acc} = {render_float(prim.identity)};")
+        if self.threaded_reduce:
+            self.threaded_reduce = False
+            op = "+" if e.op == "sum_reduce" else "max"
+            self.lines.append(f"{self.indent}#pragma omp parallel for reduction({op}:{acc}) schedule(static) "
+                              f"if(({(e.extent * _reduce_work(e.body)).render_c()}) >= {PARALLEL_MIN_WORK})")
         self.lines.append(f"{self.indent}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; "
                           f"{e.var.name}++) {{")
         inner = _Emitter(self.program, self.indent + "    ")
@@ -122,7 +128,7 @@ def render_loops(program: KernelProgram, kernel: Kernel) -> list[str]:
     for var, extent in zip(loop_vars, kernel.shape):
         lines.append(f"    for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
     lines.append("    {")
-    emitter = _Emitter(program, "        ")
+    emitter = _Emitter(program, "        ", threaded_reduce=not kernel.shape)
     value = emitter.emit(kernel.value)
     lines += emitter.lines
     lines.append(f"        b{kernel.out}[{_flat(loop_vars, kernel.shape).render_c()}] = {value};")

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..graph import Graph, Node
+from ..ops import PRIMITIVES
 from ..shape import ShapeTracker, index_vars, row_major_strides
 from ..symbolic import Expr, Var, sym
 
@@ -112,6 +113,53 @@ def loads(expr) -> list[Load]:
     return [e for e in walk(expr) if isinstance(e, Load)]
 
 
+def substitute(e, mapping: dict):
+    """The IR expression with index variables replaced (by name) and trivial parts folded:
+    loads and selects whose validity became 0 read 0.0, validity 1 disappears."""
+    if isinstance(e, Load):
+        valid = e.valid.substitute(mapping)
+        return Const(0.0) if valid == sym(0) else Load(e.buffer, e.index.substitute(mapping), valid)
+    if isinstance(e, IndexValue):
+        return IndexValue(e.expr.substitute(mapping))
+    if isinstance(e, Select):
+        cond, value = e.cond.substitute(mapping), substitute(e.value, mapping)
+        return Const(0.0) if cond == sym(0) or value == Const(0.0) else value if cond == sym(1) else Select(cond, value)
+    if isinstance(e, Apply):
+        return apply(e.op, *(substitute(a, mapping) for a in e.args))
+    if isinstance(e, Reduce):
+        return Reduce(e.op, e.var, e.extent.substitute(mapping), substitute(e.body, mapping))
+    return e
+
+
+def apply(op: str, *args):
+    """Apply(op, args) with the identities that keep generated code lean (x + 0, x * 1)."""
+    if len(args) == 2:
+        a, b = args
+        identity = {"add": Const(0.0), "mul": Const(1.0)}.get(op)
+        if identity is not None and b == identity:
+            return a
+        if identity is not None and a == identity:
+            return b
+    return Apply(op, tuple(args))
+
+
+UNROLL_REDUCE_MAX = 4  # reductions this short become straight-line code (relu = max over [x, 0])
+
+
+def unroll_short_reduction(e: Reduce):
+    """Reduce over a tiny constant extent as a chain of combines, each body specialized (so the
+    padding that built the reduced axis folds away)."""
+    if not (e.extent.is_const and e.extent.value <= UNROLL_REDUCE_MAX):
+        return e
+    if e.extent.value == 0:
+        return Const(PRIMITIVES[e.op].identity)
+    parts = [substitute(e.body, {e.var.name: k}) for k in range(e.extent.value)]
+    out = parts[0]
+    for p in parts[1:]:
+        out = Apply(e.op, (out, p))  # a reduce primitive's C spelling is its combine
+    return out
+
+
 class _Lowering:
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -191,8 +239,8 @@ class _Lowering:
             var = Var(f"_r{self.reduce_vars}", 0, max(extent.value - 1, 0) if extent.is_const else None)
             self.reduce_vars += 1
             src_idx = list(idx[:node.axis]) + [var] + list(idx[node.axis:])
-            return Reduce(prim.name, var, extent, self.read(src, tracker, src_idx, guard))
-        return Apply(prim.name, tuple(self.read(s, t, idx, guard) for s, t in node.srcs))
+            return unroll_short_reduction(Reduce(prim.name, var, extent, self.read(src, tracker, src_idx, guard)))
+        return apply(prim.name, *(self.read(s, t, idx, guard) for s, t in node.srcs))
 
 
 def _reduction_needs_buffer(node: Node, uses) -> bool:

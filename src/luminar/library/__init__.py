@@ -14,12 +14,16 @@ MODULES = ("elementwise", "reduce", "linalg", "nn_ops", "indexing")
 def attach(tensor_cls) -> dict:
     """Attach every module's methods to GraphTensor/Graph; return the top-level functions."""
     from ..graph import Graph
-    functions = {}
+    functions, owner = {}, {}
     for name in MODULES:
         module = import_module(f"{__name__}.{name}")
         for method, fn in getattr(module, "METHODS", {}).items():
+            if method in owner or method in vars(tensor_cls):  # one place per op: never shadow silently
+                raise RuntimeError(f"library.{name} redefines {method!r} (from {owner.get(method, 'tensor.py')})")
+            owner[method] = name
             setattr(tensor_cls, method, fn)
-            functions.setdefault(method, fn)
+            if not method.startswith("__"):  # operators stay methods, not luminar.__pow__
+                functions.setdefault(method, fn)
         for method, fn in getattr(module, "GRAPH_METHODS", {}).items():
             setattr(Graph, method, fn)
         functions.update(getattr(module, "FUNCTIONS", {}))

@@ -57,11 +57,8 @@ def absolute(input):
 
 
 def maximum(input, other):
-    """torch.maximum (broadcasting): a max_reduce over the pair, exact for every value.
-
-    NaN handling follows the backend's max_reduce: the reference propagates NaN like torch, the
-    cpu backend's fmaxf drops it.
-    """
+    """torch.maximum (broadcasting): a max_reduce over the pair, exact for every value; NaN
+    propagates (as max_reduce's does), like torch."""
     other = input._lift(other)
     shape = broadcast_shapes(input.dims, other.dims)
     # [a, 0] + [0, b] stacks the pair on a new last axis without copying either operand

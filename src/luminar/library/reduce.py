@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedError, ValueDomainError
 from ..shape import index_var
 from ..symbolic import Expr, smax, sym
-from ..tensor import GraphTensor, broadcast_shapes, normalize_dim
+from ..tensor import GraphTensor, normalize_dim
 
 _MOST_NEGATIVE = -3.0e38  # stands in for -inf, which constants cannot hold
 
@@ -86,22 +86,6 @@ def _nonempty(x: GraphTensor, axes, op: str) -> None:
     for a in axes:
         if x.dims[a] == sym(0):
             raise ShapeError(f"{op}: expected reduction dim {a} to have non-zero size, shape is {x.shape}")
-
-
-def _maximum(a: GraphTensor, b) -> GraphTensor:
-    """Elementwise max with broadcasting: a and b stacked on a new axis, then max_reduce.
-
-    Unlike a select built from arithmetic (b + lt * (a - b)), this is exact for infinities.
-    """
-    b = a._lift(b)
-    shape = broadcast_shapes(a.dims, b.dims)
-    keep = [0, 0] * len(shape)  # F.pad pairs: only the new leading axis is padded
-    a2, b2 = (t.broadcast_to(shape).unsqueeze(0) for t in (a, b))
-    return (a2.pad(keep + [0, 1]) + b2.pad(keep + [1, 0])).amax(0)
-
-
-def _abs(x: GraphTensor) -> GraphTensor:
-    return _maximum(x, -x)
 
 
 def _extreme(x: GraphTensor, dim, keepdim: bool, op: str):
@@ -190,7 +174,7 @@ def max_(x: GraphTensor, dim=None, keepdim: bool = False):
     first index of the maximum; x.max(other_tensor) -> the elementwise maximum (broadcast).
     """
     if isinstance(dim, GraphTensor):
-        return _maximum(x, dim)
+        return x.maximum(dim)
     if dim is None:
         if keepdim:
             raise ShapeError("max: keepdim=True needs a dim")
@@ -202,7 +186,7 @@ def max_(x: GraphTensor, dim=None, keepdim: bool = False):
 def min_(x: GraphTensor, dim=None, keepdim: bool = False):
     """torch.min, all three forms (see max): min(), min(dim) -> MinResult, min(other)."""
     if isinstance(dim, GraphTensor):
-        return -_maximum(-x, -dim)
+        return -(-x).maximum(-dim)
     if dim is None:
         if keepdim:
             raise ShapeError("min: keepdim=True needs a dim")
@@ -229,7 +213,7 @@ def logsumexp(x: GraphTensor, dim, keepdim: bool = False) -> GraphTensor:
     """torch.logsumexp, stable: log(sum(exp(x - m))) + m with m the max (clamped finite so a
     slice that is all -inf gives -inf, as in PyTorch, instead of NaN)."""
     axes = _axes(x, dim, "logsumexp")
-    m = _maximum(x.amax(axes, keepdim=True), _MOST_NEGATIVE)
+    m = x.amax(axes, keepdim=True).maximum(_MOST_NEGATIVE)
     out = (x - m).exp().sum(axes, keepdim=True).log() + m
     return out if keepdim else out.squeeze(axes)
 
@@ -299,14 +283,14 @@ def norm(x: GraphTensor, p="fro", dim=None, keepdim: bool = False) -> GraphTenso
     if isinstance(p, str) or not isinstance(p, (int, float, np.number)) or isinstance(p, bool):
         raise UnsupportedError(f"norm: p must be 'fro' or a number, got {p!r}")
     if p == 1:
-        return _abs(x).sum(axes, keepdim)
+        return x.abs().sum(axes, keepdim)
     if p == math.inf:
-        return _abs(x).amax(axes, keepdim)
+        return x.abs().amax(axes, keepdim)
     if p == -math.inf:
-        return amin(_abs(x), axes, keepdim)
+        return amin(x.abs(), axes, keepdim)
     if p == 0:
         return x.ne(0.0).sum(axes, keepdim)
-    powered = (_abs(x).log2() * float(p)).exp2()  # |x|^p; |x| = 0 gives log2 = -inf, so 0 for p > 0
+    powered = (x.abs().log2() * float(p)).exp2()  # |x|^p; |x| = 0 gives log2 = -inf, so 0 for p > 0
     return (powered.sum(axes, keepdim).log2() * (1.0 / p)).exp2()
 
 
