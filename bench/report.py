@@ -3,6 +3,7 @@ from __future__ import annotations
 
 CONTENDERS = ("luminar", "numpy", "torch")
 ARENA_GOAL = "arena <= lower bound + 64 B"
+NOISY_CPUS = 0.2  # other tenants' average CPU use above which a row's timings are flagged
 
 
 def _ms(row, name) -> str:
@@ -141,10 +142,16 @@ def markdown(results) -> str:
         f"- Versions: luminar {info['luminar']}; numpy {info['numpy']} ({info['blas']}); "
         f"PyTorch {info['torch']} ({info['torch_threads']} threads, eager, no_grad); {info['compiler']}; "
         f"Python {info['python']}",
+        f"- Threads per contender: {info['threads']} (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, torch.set_num_threads)",
         f"- Idle at start: {'yes' if idle['idle'] else 'NO'} (waited {idle['waited_s']:.1f} s, "
         f"idle fractions {idle['idle_fractions']}); other tenants' load while measuring limits: "
         f"{limits['foreign_cpus']:.2f} CPUs",
     ]
+    busy = [row["name"] for row in results["rows"] if row.get("foreign_cpus", 0) > NOISY_CPUS]
+    if busy:
+        out.append(f"- **Warning: other processes used more than {NOISY_CPUS} CPUs while timing {len(busy)} of "
+                   f"{len(results['rows'])} benchmarks** (see Noise): multi-threaded timings are unreliable there; "
+                   f"rerun on an idle machine or compare with `--threads 1`.")
     if unset:
         out.append(f"- Unset for this run (numpy benchmarked with its default kernels): {unset}")
     out += [

@@ -18,18 +18,29 @@ import os
 import sys
 
 BLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _reexec_without_blas_overrides():
-    """Benchmark numpy as it runs by default: drop OpenBLAS kernel overrides for this process only."""
-    found = {k: os.environ[k] for k in BLAS_OVERRIDES if k in os.environ}
-    if found:
-        env = {k: v for k, v in os.environ.items() if k not in BLAS_OVERRIDES}
-        env["LUMINAR_BENCH_UNSET"] = json.dumps(found)
+def _threads_arg(argv) -> int:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--threads", type=int, default=2)
+    return max(1, pre.parse_known_args(argv)[0].threads)
+
+
+def _reexec_with_bench_environment():
+    """Libraries read their environment when they load, so the bench restarts itself once with it set:
+    every contender gets the same thread count, and numpy runs its default OpenBLAS kernels (kernel
+    overrides are dropped for this process only)."""
+    env = dict(os.environ)
+    unset = {k: env.pop(k) for k in BLAS_OVERRIDES if k in env}
+    env.update({k: str(_threads_arg(sys.argv[1:])) for k in THREAD_VARS})
+    if unset:
+        env["LUMINAR_BENCH_UNSET"] = json.dumps(unset)
+    if env != dict(os.environ):
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
-_reexec_without_blas_overrides()  # before numpy is imported: OpenBLAS reads them when it loads
+_reexec_with_bench_environment()  # before numpy, torch or any luminar kernel is loaded
 
 import datetime  # noqa: E402
 import platform  # noqa: E402
@@ -58,6 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--only", default="", help="run only benchmarks whose name contains this text")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default bench/, or bench/quick/ with --quick)")
+    p.add_argument("--threads", type=int, default=2, help="threads for every contender (OpenMP, OpenBLAS, "
+                   "torch); 1 gives steadier ratios on a machine shared with other work (default 2)")
     p.add_argument("--idle-wait", type=float, default=None, help="max seconds to wait for an idle machine "
                    "before each benchmark (default 20 first, then 10; 2 with --quick)")
     return p.parse_args(argv)
@@ -81,7 +94,7 @@ def main(argv=None) -> int:
     os.environ["LUMINAR_CACHE"] = cache  # every first compile is cold; the user's cache is untouched
     try:
         import torch
-        torch.set_num_threads(2)
+        torch.set_num_threads(args.threads)
         with torch.no_grad():
             results = run_all(args, cfg)
     finally:
@@ -110,7 +123,11 @@ def run_all(args, cfg) -> dict:
         if args.only and args.only.lower() not in case.name.lower():
             continue
         print(f"{case.name} [{case.size}] ...", flush=True)
-        row = run_case(case, cfg, limits)
+        try:
+            row = run_case(case, cfg, limits)
+        except Exception as e:  # noqa: BLE001 - one broken benchmark must not lose the others' results
+            row = {"name": case.name, "size": case.size, "unit": case.unit, "goals": [], "accuracy": {},
+                   "errors": {"bench": f"{type(e).__name__}: {e}"[:500]}}
         print("  " + report.one_line(row), flush=True)
         rows.append(row)
     info["duration_s"] = round(time.time() - started, 1)
@@ -126,9 +143,9 @@ def describe(args) -> dict:
             "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "python": platform.python_version(), "luminar": f"{luminar.__version__} ({git_revision()})",
             "numpy": np.__version__, "blas": machine.openblas_info(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "compiler": machine.compiler_version(),
+            "threads": args.threads, "torch_threads": torch.get_num_threads(), "compiler": machine.compiler_version(),
             "unset_env": json.loads(os.environ.get("LUMINAR_BENCH_UNSET", "{}")),
-            "command": "make bench" if not args.quick else "python bench/run.py --quick"}
+            "command": " ".join(["python bench/run.py", *sys.argv[1:]]) if sys.argv[1:] else "make bench"}
 
 
 def git_revision() -> str:

@@ -97,6 +97,11 @@ def test_optimize_returns_same_outputs_and_inputs():
     assert [n.id for n in new.nodes] == list(range(len(new.nodes)))
 
 
+def test_optimizing_is_deterministic():
+    g = build(lambda x, y: (x * y + y * x).exp2() * 2.0 * 3.0 + (y * x).exp2(), x=(2, 3), y=(3,))
+    assert repr(optimize(g)) == repr(optimize(g))
+
+
 # -- dead-node removal ---------------------------------------------------------------------------
 def test_dce_removes_nodes_no_output_needs(backend):
     def fn(x):

@@ -426,4 +426,7 @@ def _slice_bounds(item: slice, n: Expr):
 # -- attach the op library ---------------------------------------------------------------------
 from .library import attach  # noqa: E402  (the library composes the methods defined above)
 
-FUNCTIONS = {**attach(GraphTensor), "where": where, "matmul": GraphTensor.matmul}
+# torch.reshape(x, ...) style functions for the core methods, next to the library's
+_CORE_FUNCTIONS = ("reshape", "permute", "transpose", "flatten", "squeeze", "unsqueeze", "flip", "narrow",
+                   "broadcast_to", "pad", "matmul", "contiguous")
+FUNCTIONS = {**attach(GraphTensor), "where": where, **{n: getattr(GraphTensor, n) for n in _CORE_FUNCTIONS}}

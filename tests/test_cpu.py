@@ -1,0 +1,176 @@
+"""The CPU backend's own contracts: fusion, one compile per graph, the disk cache, the arena.
+
+(Numerical agreement with PyTorch for every op runs on this backend through the `backend`
+fixture in the other test files.)
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import luminar as lm
+from luminar.backends import cc
+from luminar.compiler.kernels import lower
+from luminar.compiler.passes import optimize
+from conftest import rand
+
+pytestmark = pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="needs a C compiler")
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def kernels_of(g):
+    return lower(optimize(g)).kernels
+
+
+def test_elementwise_chain_is_one_kernel():
+    g = lm.Graph()
+    a, b, c = (g.tensor(n, (64,)) for n in "abc")
+    (a * b + c).relu().exp().output("y")
+    assert len(kernels_of(g)) == 1
+
+
+def test_matmul_with_epilogue_is_one_kernel():
+    g = lm.Graph()
+    x, w = g.tensor("x", (8, 16)), g.tensor("w", (16, 4))
+    ((x @ w) * 2 + 1).output("y")
+    (kernel,) = kernels_of(g)
+    xa, wa = rand(8, 16), rand(16, 4, seed=1)
+    np.testing.assert_allclose(g.compile("cpu")(x=xa, w=wa)["y"], (xa @ wa) * 2 + 1, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_reduction_chain_matches_numpy():
+    g = lm.Graph()
+    a, b, c = (g.tensor(n, (1000,)) for n in "abc")
+    (a * b + c).relu().sum().output("y")
+    assert len(kernels_of(g)) == 1
+    A, B, C = rand(1000), rand(1000, seed=1), rand(1000, seed=2)
+    np.testing.assert_allclose(g.compile("cpu")(a=A, b=B, c=C)["y"], np.maximum(A * B + C, 0).sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("n,k,m", [(1, 7, 5), (5, 3, 33), (9, 64, 40), (70, 70, 70), (16, 16, 64)])
+def test_tiled_matmul_edges(n, k, m):
+    """Sizes that are not multiples of the register tile exercise the clamped edges."""
+    g = lm.Graph()
+    (g.tensor("a", (n, k)) @ g.tensor("b", (k, m))).output("c")
+    a, b = rand(n, k), rand(k, m, seed=1)
+    np.testing.assert_allclose(g.compile("cpu")(a=a, b=b)["c"], a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_symbolic_dims_need_no_recompile(fresh_cache):
+    g = lm.Graph()
+    x, w = g.tensor("x", ("s", 32)), g.tensor("w", (32, 8))
+    (x @ w).softmax(-1).output("y")
+    model = g.compile("cpu")
+    objects = sorted(os.listdir(fresh_cache))
+    wa = rand(32, 8)
+    for s in (1, 5, 77):
+        xa = rand(s, 32, seed=s)
+        e = np.exp(xa @ wa - (xa @ wa).max(-1, keepdims=True))
+        np.testing.assert_allclose(model(x=xa, w=wa)["y"], e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    assert sorted(os.listdir(fresh_cache)) == objects  # no new shared objects
+
+
+def test_second_compile_hits_the_disk_cache(fresh_cache, monkeypatch):
+    def graph():
+        g = lm.Graph()
+        (g.tensor("x", (4,)) * 3).output("y")
+        return g
+    graph().compile("cpu")
+    assert len(list(fresh_cache.glob("*.so"))) == 1
+    calls = []
+    monkeypatch.setattr(cc.subprocess, "run", lambda *a, **k: calls.append(a))
+    np.testing.assert_array_equal(graph().compile("cpu")(x=np.ones(4, np.float32))["y"], [3, 3, 3, 3])
+    assert calls == []  # served from the cache, the compiler never ran
+
+
+def test_corrupt_cache_entry_is_rebuilt(fresh_cache):
+    # A separate process: this one may already have the library mapped, and the dynamic loader
+    # reuses a loaded library by path.
+    script = ("import numpy as np, luminar as lm\n"
+              "g = lm.Graph(); (g.tensor('x', (2,)) + 1).output('y')\n"
+              "print(g.compile('cpu')(x=np.zeros(2, np.float32))['y'].tolist())\n")
+    run = lambda: subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                 env={**os.environ, "LUMINAR_CACHE": str(fresh_cache)})
+    assert run().stdout.strip() == "[1.0, 1.0]"
+    (entry,) = fresh_cache.glob("*.so")
+    entry.unlink()
+    entry.write_bytes(b"not an ELF file")  # e.g. a disk error or a truncated copy
+    result = run()
+    assert result.stdout.strip() == "[1.0, 1.0]", result.stderr
+    assert entry.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_no_half_written_files_are_left(fresh_cache):
+    g = lm.Graph()
+    (g.tensor("x", (2,)) - 1).output("y")
+    g.compile("cpu")
+    assert [p.suffix for p in fresh_cache.iterdir()] == [".so"]  # temp dirs are gone
+
+
+def test_missing_compiler_is_a_clear_error(fresh_cache, monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setattr(cc.shutil, "which", lambda name: None)
+    g = lm.Graph()
+    (g.tensor("x", (2,)) * 5).output("y")
+    with pytest.raises(cc.CompilerError, match="no C compiler found.*backend='reference'"):
+        g.compile("cpu")
+
+
+def test_compiler_failure_keeps_the_source(fresh_cache, monkeypatch):
+    monkeypatch.setattr(cc, "FLAGS", cc.FLAGS + ["-DBROKEN=", "-include", "/nonexistent.h"])
+    g = lm.Graph()
+    (g.tensor("x", (2,)) * 7).output("y")
+    with pytest.raises(cc.CompilerError, match="failed on generated source"):
+        g.compile("cpu")
+    assert list(fresh_cache.glob("*.failed.c"))
+
+
+def test_unknown_option_is_rejected():
+    g = lm.Graph()
+    (g.tensor("x", (2,)) * 7).output("y")
+    with pytest.raises(lm.UnsupportedError, match="unknown options"):
+        g.compile("cpu", tiles=3)
+
+
+# -- memory planning -------------------------------------------------------------------------
+
+def _mlp(depth=6, width=256):
+    g = lm.Graph()
+    h = g.tensor("x", ("b", width))
+    for i in range(depth):
+        h = (h @ g.tensor(f"w{i}", (width, width))).relu().softmax(-1)
+    h.output("y")
+    return g
+
+
+def test_arena_reuses_memory_of_dead_buffers():
+    model = _mlp().compile("cpu")
+    plan = model.memory_plan({"b": 32})
+    assert plan.unshared_bytes > 2 * plan.arena_bytes  # buffers share space ...
+    assert plan.arena_bytes <= plan.lower_bound_bytes + 64 * len(plan.offsets)  # ... close to the bound
+
+
+def test_arena_never_overlaps_live_buffers():
+    """Whatever the plan, results stay right (overlap would corrupt them) for several dims."""
+    g = _mlp(depth=4, width=48)
+    model, ref = g.compile("cpu"), g.compile("reference")
+    for b in (1, 7, 33):
+        inputs = {"x": rand(b, 48, seed=b), **{f"w{i}": rand(48, 48, seed=10 + i) for i in range(4)}}
+        np.testing.assert_allclose(model(**inputs)["y"], ref(**inputs)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_debug_level_prints_kernel_times(monkeypatch, capsys):
+    monkeypatch.setenv("LUMINAR_DEBUG", "1")
+    g = lm.Graph()
+    (g.tensor("x", (3,)).exp().sum()).output("y")
+    g.compile("cpu")(x=np.zeros(3, np.float32))
+    err = capsys.readouterr().err
+    assert "kernels, shared object ready" in err and "cpu call:" in err and "k0_sum_reduce" in err
