@@ -224,9 +224,10 @@ def measure_limits(threads=(1, 2), bandwidth_mb: int = 256, repeats: int = 7, fm
     rows.append(_row("sum (numpy)", 1, "GB/s", [nbytes / s / 1e9 for s in _times(lambda: src.sum(), repeats)]))
     rows.append(_row("copy (numpy copyto)", 1, "GB/s",
                      [2 * nbytes / s / 1e9 for s in _times(lambda: np.copyto(dst, src), repeats)]))
+    # A limit is what the machine can do, and other tenants only ever lower a measurement: take the best.
     return {"rows": rows, "array_mb": bandwidth_mb,
-            "peak_gflops": max(r["median"] for r in rows if r["unit"] == "GFLOP/s"),
-            "bandwidth_gbs": max(r["median"] for r in rows if r["unit"] == "GB/s")}
+            "peak_gflops": max(r["best"] for r in rows if r["unit"] == "GFLOP/s"),
+            "bandwidth_gbs": max(r["best"] for r in rows if r["unit"] == "GB/s")}
 
 
 def _calibrate_fma(lib, sink, seconds: float) -> int:

@@ -259,7 +259,8 @@ def memory_plan(program, dims: dict) -> dict | None:
     if not hasattr(program, "memory_plan"):
         return None
     try:
-        plan, _ = program.memory_plan(dict(dims))
+        plan = program.memory_plan(dict(dims))
+        plan = plan[0] if isinstance(plan, tuple) else plan  # older backends returned (plan, arena)
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"[:300]}
     met = plan.arena_bytes <= plan.lower_bound_bytes + ARENA_SLACK

@@ -205,3 +205,18 @@ def test_dot_renders_with_graphviz():
     assert "<svg" in svg.stdout
     pytest.importorskip("graphviz")
     assert "digraph" in _small_graph().display().source
+
+
+def test_set_inputs_keeps_weights_across_calls(backend):
+    g = lm.Graph()
+    x, w = g.tensor("x", ("s", 3)), g.tensor("w", (3, 2))
+    (x @ w).output("y")
+    wa = rand(3, 2)
+    model = g.compile(backend).set_inputs(w=wa)
+    for s in (1, 4):
+        xa = rand(s, 3, seed=s)
+        np.testing.assert_allclose(model(x=xa)["y"], xa @ wa, rtol=1e-5, atol=1e-6)
+    with pytest.raises(lm.ShapeError, match=r"input 'w': expected shape \(3, 2\), got \(2, 3\)"):
+        model.set_inputs(w=wa.T)
+    with pytest.raises(lm.InputError, match="unknown input 'v'"):
+        model.set_inputs(v=wa)

@@ -18,13 +18,27 @@ class Program:
 
     def __init__(self, graph: Graph):
         self.graph = graph
+        self.fixed: dict[str, np.ndarray] = {}  # inputs set once (weights), converted to storage
 
     def __call__(self, inputs: dict | None = None, /, **named) -> dict[str, np.ndarray]:
         return self.run({**(inputs or {}), **named})
 
+    def set_inputs(self, inputs: dict | None = None, /, **named) -> "Program":
+        """Inputs that stay the same across calls (weights): checked and converted once, then
+        used by every call that does not pass them. Returns self."""
+        for name, value in {**(inputs or {}), **named}.items():
+            node = self.graph.inputs.get(name)
+            if node is None:
+                raise InputError(f"unknown input {name!r}; the graph's inputs are {sorted(self.graph.inputs)}")
+            arr = dtypes.to_storage(value, node.dtype, f"input {name!r}")
+            if arr.ndim != len(node.shape) or any(d.is_const and d.value != n for d, n in zip(node.shape, arr.shape)):
+                raise ShapeError(f"input {name!r}: expected shape {show_shape(node.shape)}, got {arr.shape}")
+            self.fixed[name] = arr
+        return self
+
     def run(self, inputs: dict, dims: dict | None = None) -> dict[str, np.ndarray]:
         """Run with `inputs` (name -> array); `dims` binds symbolic dims no input shape determines."""
-        arrays, env = self.bind(inputs, dims or {})
+        arrays, env = self.bind({**self.fixed, **inputs}, dims or {})
         return self.execute(arrays, env)
 
     def execute(self, arrays: dict[str, np.ndarray], env: dict[str, int]) -> dict[str, np.ndarray]:
