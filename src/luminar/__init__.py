@@ -9,7 +9,7 @@
 from . import dtypes
 from .dtypes import bfloat16, float16, float32, int8, int32, uint8
 from .errors import (DimensionError, DTypeError, InputError, LuminarError, ShapeError, UnsupportedError,
-                     ValueDomainError)
+                     ValueDomainError, WeightFileError)
 from .graph import Graph
 from .ops import PRIMITIVES
 from .program import Program
@@ -22,4 +22,4 @@ __version__ = "0.1.0"
 __all__ = ["Graph", "GraphTensor", "Program", "PRIMITIVES", "Expr", "Var", "sym", "dtypes",
            "float32", "float16", "bfloat16", "int8", "uint8", "int32",
            "LuminarError", "ShapeError", "DimensionError", "DTypeError", "InputError", "ValueDomainError",
-           "UnsupportedError", *_FUNCTIONS]
+           "UnsupportedError", "WeightFileError", *_FUNCTIONS]

@@ -30,3 +30,7 @@ class ValueDomainError(LuminarError, ValueError):
 
 class UnsupportedError(LuminarError, NotImplementedError):
     """The operation or backend is not supported."""
+
+
+class WeightFileError(LuminarError, ValueError):
+    """A weight or tokenizer file is missing, corrupt, truncated or of an unsupported layout."""
