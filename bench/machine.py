@@ -203,27 +203,34 @@ def _library():
     return lib
 
 
-def measure_limits(threads=(1, 2), bandwidth_mb: int = 256, repeats: int = 7, fma_seconds: float = 0.2) -> dict:
-    """Peak FMA FLOP/s and copy/sum bandwidth for each thread count; medians and bests of `repeats`."""
+def measure_limits(threads=(1, 2), bandwidth_mb: int = 256, repeats: int = 11, fma_seconds: float = 0.1) -> dict:
+    """Peak FMA FLOP/s and copy/sum bandwidth per thread count: median and best of `repeats`.
+
+    The kernels take turns (one run of each per repeat), so a burst of load from another tenant
+    lowers one run of each instead of every run of one.
+    """
     lib = _library()
     sink = np.zeros(64, np.float32)
-    rows = []
     iters = _calibrate_fma(lib, sink, fma_seconds)
-    for n in threads:
-        secs = [lib.bench_fma(iters, n, sink.ctypes.data) for _ in range(repeats)]
-        rows.append(_row("FMA peak (C, 512-bit vectors)", n, "GFLOP/s", [n * iters * FMA_FLOPS_PER_ITER / s / 1e9
-                                                                           for s in secs]))
     count = bandwidth_mb * 2**20 // 4
     src, dst = np.ones(count, np.float32), np.zeros(count, np.float32)  # touched: pages are mapped
     nbytes = src.nbytes
+    kernels = {}  # (name, threads, unit) -> (work per run, run() -> seconds)
     for n in threads:
-        secs = [lib.bench_sum(src.ctypes.data, count, n, sink.ctypes.data) for _ in range(repeats)]
-        rows.append(_row("sum (C, read)", n, "GB/s", [nbytes / s / 1e9 for s in secs]))
-        secs = [lib.bench_copy(dst.ctypes.data, src.ctypes.data, count, n) for _ in range(repeats)]
-        rows.append(_row("copy (C, read + write)", n, "GB/s", [2 * nbytes / s / 1e9 for s in secs]))
-    rows.append(_row("sum (numpy)", 1, "GB/s", [nbytes / s / 1e9 for s in _times(lambda: src.sum(), repeats)]))
-    rows.append(_row("copy (numpy copyto)", 1, "GB/s",
-                     [2 * nbytes / s / 1e9 for s in _times(lambda: np.copyto(dst, src), repeats)]))
+        kernels[("FMA peak (C, 512-bit vectors)", n, "GFLOP/s")] = (
+            n * iters * FMA_FLOPS_PER_ITER, lambda n=n: lib.bench_fma(iters, n, sink.ctypes.data))
+    for n in threads:
+        kernels[("sum (C, read)", n, "GB/s")] = (
+            nbytes, lambda n=n: lib.bench_sum(src.ctypes.data, count, n, sink.ctypes.data))
+        kernels[("copy (C, read + write)", n, "GB/s")] = (
+            2 * nbytes, lambda n=n: lib.bench_copy(dst.ctypes.data, src.ctypes.data, count, n))
+    kernels[("sum (numpy)", 1, "GB/s")] = (nbytes, lambda: _seconds(src.sum))
+    kernels[("copy (numpy copyto)", 1, "GB/s")] = (2 * nbytes, lambda: _seconds(lambda: np.copyto(dst, src)))
+    rates = {key: [] for key in kernels}
+    for _ in range(repeats):
+        for key, (work, run) in kernels.items():
+            rates[key].append(work / run() / 1e9)
+    rows = [_row(name, n, unit, rates[(name, n, unit)]) for name, n, unit in kernels]
     # A limit is what the machine can do, and other tenants only ever lower a measurement: take the best.
     return {"rows": rows, "array_mb": bandwidth_mb,
             "peak_gflops": max(r["best"] for r in rows if r["unit"] == "GFLOP/s"),
@@ -239,13 +246,10 @@ def _calibrate_fma(lib, sink, seconds: float) -> int:
         iters *= 4
 
 
-def _times(fn, repeats):
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def _row(kernel, threads, unit, values):

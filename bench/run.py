@@ -79,11 +79,11 @@ def parse_args(argv=None):
 def settings(args) -> dict:
     if args.quick:
         return {"max_rounds": 5, "min_rounds": 2, "budget_s": 0.3, "first_idle_wait_s": 2, "idle_wait_s": 1,
-                "limits": {"bandwidth_mb": 64, "repeats": 3, "fma_seconds": 0.05}}
+                "limits": {"bandwidth_mb": 64, "repeats": 3, "fma_seconds": 0.03}}
     first = 20 if args.idle_wait is None else args.idle_wait
     return {"max_rounds": 40, "min_rounds": 5, "budget_s": 3.0, "first_idle_wait_s": first,
             "idle_wait_s": 10 if args.idle_wait is None else args.idle_wait,
-            "limits": {"bandwidth_mb": 256, "repeats": 7, "fma_seconds": 0.2}}
+            "limits": {"bandwidth_mb": 256, "repeats": 11, "fma_seconds": 0.1}}
 
 
 def main(argv=None) -> int:

@@ -7,13 +7,15 @@ lasts long enough for the clock to resolve it.
 
 Thread pools keep spinning after a call (OpenBLAS's workers for ~0.1 s, libgomp's for a few
 ms), and on a two-CPU machine a pool left spinning by one contender steals a CPU from the next.
-So between samples the harness lets the process go quiet (`settle`): each contender starts its
-sample the way it would start in a program of its own.
+So between samples the harness waits until no thread of the process is running (`settle`): each
+contender starts its sample the way it would start in a program of its own.
 """
 from __future__ import annotations
 
 import gc
+import os
 import statistics
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -41,16 +43,36 @@ def _call_seconds(fn, number: int) -> float:
     return (time.perf_counter() - start) / number
 
 
-def settle(max_s: float = 0.25, window_s: float = 0.002) -> float:
-    """Sleep until this process uses under 10% of a CPU over a window (its pools stopped spinning)."""
+def _running_threads() -> int:
+    """Threads of this process, other than the caller, that are running or runnable (state R)."""
+    me = threading.get_native_id()
+    running = 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread exited
+            continue
+        running += stat[stat.rindex(")") + 2] == "R"
+    return running
+
+
+def settle(max_s: float = 0.3, poll_s: float = 0.001) -> float:
+    """Sleep until no other thread of this process is running: thread pools stopped spinning.
+
+    Thread states rather than CPU time: the kernel credits other threads' CPU time only at
+    scheduler ticks, too coarse to see a pool that spins for a few milliseconds.
+    """
     start = time.perf_counter()
-    last = time.process_time()
-    while time.perf_counter() - start < max_s:
-        time.sleep(window_s)
-        now = time.process_time()
-        if now - last < 0.1 * window_s:
-            break
-        last = now
+    if not os.path.isdir("/proc/self/task"):
+        time.sleep(0.1)  # no /proc: a fixed pause longer than the usual spin-wait
+        return time.perf_counter() - start
+    quiet = 0
+    while time.perf_counter() - start < max_s and quiet < 2:
+        time.sleep(poll_s)
+        quiet = quiet + 1 if _running_threads() == 0 else 0
     return time.perf_counter() - start
 
 

@@ -16,8 +16,12 @@ from pathlib import Path
 
 from ..errors import LuminarError
 
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fno-finite-math-only",
-         "-fopenmp", "-shared", "-fPIC"]
+# Not -ffast-math: linked into a shared object it turns on flush-to-zero for the whole host
+# process (numpy included), and it assumes no NaN/inf. These are the parts we want: reassociation
+# (vectorized reductions), no errno, no trapping. Vector math comes from libmvec through the
+# simd declarations in the generated prelude.
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-trapping-math",
+         "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]  # mandatory: vectorized math calls resolve to libmvec
 
 

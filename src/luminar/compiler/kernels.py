@@ -15,17 +15,18 @@ dims, simplified when built. The IR says *what* each output element is; *how* th
 (order, tiling, vectorization, threads) is the backend's schedule, so the same IR serves the C
 and CUDA renderers and is what the search rewrites.
 
-Default fusion (no search): a node gets its own buffer (is "realized") when it is an input, a
-graph output, has more than one consumer, or is a reduction whose consumer would read it more
-than once (a broadcast); every other node is inlined into its consumer, read through composed
-index math. So elementwise producers fuse into reductions (a matmul is one kernel) and
-elementwise consumers fuse after them (sum -> exp -> +1 is one kernel).
+Default fusion (no search): a node gets its own buffer (is "realized") when it is an input or a
+graph output, is used more than once and is not cheap to recompute (more than a few ops, or it
+holds a reduction), or holds an inlined reduction and is read more than once per element by its
+consumer (a broadcast). Every other node is inlined into its consumers, read through composed
+index math. So elementwise producers fuse into reductions (a matmul is one kernel, a quantized
+weight dequantizes inside the matmul) and elementwise consumers fuse after them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..graph import Graph, Node
+from ..graph import DATA_OPS, Graph, Node
 from ..ops import PRIMITIVES
 from ..shape import ShapeTracker, index_vars, row_major_strides
 from ..symbolic import Expr, Var, sym
@@ -143,6 +144,7 @@ def apply(op: str, *args):
     return Apply(op, tuple(args))
 
 
+RECOMPUTE_MAX_OPS = 4  # a node this cheap is recomputed by each user instead of stored
 UNROLL_REDUCE_MAX = 4  # reductions this short become straight-line code (relu = max over [x, 0])
 
 
@@ -172,9 +174,26 @@ class _Lowering:
             for src, tracker in n.srcs:
                 uses.setdefault(src.id, []).append((n, tracker))
         output_nodes = {node.id for node, _ in graph.outputs.values()}
-        self.realized = {n.id for n in graph.nodes if n.op == "input" or (
-            n.op != "constant" and (len(uses.get(n.id, ())) > 1 or n.id in output_nodes
-                                    or _reduction_needs_buffer(n, uses.get(n.id, ()))))}
+        self.realized = {n.id for n in graph.nodes if n.op == "input" or n.id in output_nodes}
+        # Decided in topological order, since a node's cost depends on what its sources inline:
+        # - a node used more than once is recomputed by each user if it is a few ops and holds no
+        #   reduction (cheaper than a round trip through memory), else it gets a buffer;
+        # - an inlined node computes every reduction inlined beneath it once per element read, so
+        #   if its consumer reads elements more than once (a broadcast), it gets a buffer.
+        holds_reduce: dict[int, bool] = {}
+        cost: dict[int, int] = {}
+        for n in graph.nodes:
+            inlined = [src for src, _ in n.srcs if src.id not in self.realized]
+            holds_reduce[n.id] = bool(n.primitive and n.primitive.kind == "reduce") or any(
+                holds_reduce[src.id] for src in inlined)
+            cost[n.id] = (n.op not in DATA_OPS) + sum(cost[src.id] for src in inlined)
+            n_uses = uses.get(n.id, ())
+            if n.op == "constant" or n.id in self.realized:
+                continue
+            if len(n_uses) > 1 and (holds_reduce[n.id] or cost[n.id] > RECOMPUTE_MAX_OPS):
+                self.realized.add(n.id)
+            elif len(n_uses) == 1 and holds_reduce[n.id] and _read_more_than_once(n, n_uses):
+                self.realized.add(n.id)
 
     def new_buffer(self, numel, dtype, kind, name) -> int:
         self.buffers.append(Buffer(len(self.buffers), numel, dtype, kind, name))
@@ -215,9 +234,8 @@ class _Lowering:
         flat = tracker.index_expr(idx)
         if src.id in self.realized:
             return Load(self.buffer_of[src.id], flat, valid)
-        if tracker == ShapeTracker.contiguous(src.shape) or tracker.is_contiguous() and tracker.shape == src.shape:
-            multi = list(idx)
-        else:  # recover the source's own index from the flat position; the simplifier removes most div/mod
+        multi = _source_index(tracker, src.shape, idx)
+        if multi is None:  # recover the source's own index from the flat position (div/mod, simplified)
             multi = [(flat // s) % d for s, d in zip(row_major_strides(src.shape), src.shape)]
         value = self.value(src, multi, valid)
         return value if valid == sym(1) or isinstance(value, Load) else Select(valid, value)
@@ -243,13 +261,47 @@ class _Lowering:
         return apply(prim.name, *(self.read(s, t, idx, guard) for s, t in node.srcs))
 
 
-def _reduction_needs_buffer(node: Node, uses) -> bool:
-    """A reduction fuses into its single consumer only if that consumer reads each result once, in
-    order; read through a broadcast it would be recomputed for every reuse, so it gets a buffer."""
-    if not (node.primitive and node.primitive.kind == "reduce"):
-        return False
+def _read_more_than_once(node: Node, uses) -> bool:
+    """Whether the (single) consumer may read an element of `node` more than once: anything but
+    an in-order read of the same shape (a broadcast, a window) - or a Contiguous copy of it."""
     consumer, tracker = uses[0]
     return consumer.op == "contiguous" or not (tracker.is_contiguous() and tracker.shape == node.shape)
+
+
+def _source_index(tracker: ShapeTracker, shape, idx) -> list | None:
+    """The index into a row-major `shape` that `tracker` reads at `idx`, dimension by dimension,
+    when the view only permutes, broadcasts and slices whole dimensions (no merged dims); else None.
+
+    Going through the flat position instead costs a div/mod per dim that the simplifier cannot
+    remove for symbolic sizes, so this is the path that keeps inlined views cheap.
+    """
+    if tracker.valid != sym(1):  # with padding the offset no longer splits into in-range starts
+        return None
+    strides = row_major_strides(shape)
+    live = {k for k, d in enumerate(shape) if d != sym(1)}
+    owner: dict[int, tuple[int, int]] = {}  # source dim -> (view dim, step)
+    for c, (stride, size) in enumerate(zip(tracker.strides, tracker.shape)):
+        if stride == sym(0) or size == sym(1):
+            continue
+        match = [k for k in live if stride == strides[k]] or [
+            k for k in live if strides[k].is_const and stride.is_const and strides[k].value > 0
+            and stride.value % strides[k].value == 0]
+        if len(match) != 1 or match[0] in owner:
+            return None
+        k = match[0]
+        step = (stride // strides[k]).value if stride.is_const else 1
+        # the view dim must stay inside source dim k (else it spans several: a merged reshape)
+        if not (size == shape[k] and abs(step) == 1 or size.is_const and shape[k].is_const
+                and (size.value - 1) * abs(step) < shape[k].value):
+            return None
+        owner[k] = (c, step)
+    multi, offset = [], tracker.offset
+    for k in range(len(shape)):  # peel the offset into per-dim starts, outermost first
+        start = offset // strides[k] if k in live else sym(0)
+        offset = offset - start * strides[k]
+        c, step = owner.get(k, (None, 1))
+        multi.append(start if c is None else start + idx[c] * step)
+    return multi if offset == sym(0) else None
 
 
 def _numel(shape) -> Expr:

@@ -20,18 +20,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import numpy as np
 
 from ..errors import UnsupportedError
 from ..graph import Graph, Node
-from ..ops import PRIMITIVES
 from ..shape import ShapeTracker
-from ..symbolic import Expr, sym
+from ..symbolic import sym
 
 Edge = tuple[Node, ShapeTracker]  # a node read through a view, as in Node.srcs
-Rule = Callable[["_Builder", Node], "Edge | None"]
+Alias = tuple[Node, "ShapeTracker | None"]  # what a node's value equals; None: that node as it is
+Rule = Callable[["_Builder", Node], "Alias | None"]
 ZERO, ONE = sym(0), sym(1)
 
 
@@ -47,7 +46,7 @@ def broadcast_scalar(shape) -> ShapeTracker:
     return ShapeTracker(shape, (ZERO,) * len(shape), ZERO, ONE)
 
 
-def compose(inner: Edge, outer: ShapeTracker, shape) -> Edge | None:
+def compose(inner: Alias, outer: ShapeTracker, shape) -> Edge | None:
     """Reading `inner` (a value of `shape`) through `outer`, as one edge; None if not expressible.
 
     ShapeTrackers cannot compose in general, so only the easy cases: either view is the
@@ -55,7 +54,7 @@ def compose(inner: Edge, outer: ShapeTracker, shape) -> Edge | None:
     its padding mask).
     """
     node, tracker = inner
-    if is_plain(tracker, node.shape):
+    if tracker is None or is_plain(tracker, node.shape):
         return node, outer
     if is_plain(outer, shape):
         return inner
@@ -81,7 +80,7 @@ class _Builder:
     def __init__(self):
         self.graph = Graph()
         self.copy_of: dict[int, Node] = {}  # id(old node) -> its copy in the new graph
-        self.alias_of: dict[int, Edge] = {}  # id(old node) -> an edge with the same value
+        self.alias_of: dict[int, Alias] = {}  # id(old node) -> what has the same value
 
     def edge(self, old: Node, tracker: ShapeTracker) -> Edge:
         """Where a consumer that read `old` through `tracker` reads in the new graph."""
@@ -106,7 +105,7 @@ def _rewrite(graph: Graph, rule: Rule | None) -> Graph:
     b = _Builder()
     for old in graph.nodes:
         srcs = tuple(b.edge(src, tracker) for src, tracker in old.srcs)
-        new = b.add(replace(old, srcs=srcs, id=-1))
+        new = b.add(Node(old.op, srcs, old.shape, old.axis, old.name, old.dtype, old.value))
         b.copy_of[id(old)] = new
         if old.op == "input":
             b.graph.inputs[old.name] = new
@@ -152,13 +151,13 @@ def cse(graph: Graph) -> Graph:
     are computed once; the first one in graph order is kept. Inputs are never merged."""
     seen: dict = {}
 
-    def merge(b: _Builder, node: Node) -> Edge | None:
+    def merge(b: _Builder, node: Node) -> Alias | None:
         first = seen.setdefault(_cse_key(node), node)
-        return None if first is node else (first, ShapeTracker.contiguous(first.shape))
+        return None if first is node else (first, None)
     return _rewrite(graph, merge)
 
 
-def _fold_rule(b: _Builder, node: Node) -> Edge | None:
+def _fold_rule(b: _Builder, node: Node) -> Alias | None:
     scalars = [scalar_of(edge) for edge in node.srcs]
     if not scalars or any(c is None for c in scalars):
         return None
@@ -190,7 +189,7 @@ def fold(graph: Graph) -> Graph:
 _UNIT = {"add": 0.0, "mul": 1.0}
 
 
-def _simplify_rule(b: _Builder, node: Node) -> Edge | None:
+def _simplify_rule(b: _Builder, node: Node) -> Alias | None:
     srcs = node.srcs
     if node.op == "contiguous" and is_plain(srcs[0][1], srcs[0][0].shape):
         return srcs[0]  # already row-major: nothing to materialize
@@ -212,7 +211,7 @@ def _simplify_rule(b: _Builder, node: Node) -> Edge | None:
     return None
 
 
-def _reassociate(b: _Builder, node: Node, edge: Edge, c2: float) -> Edge | None:
+def _reassociate(b: _Builder, node: Node, edge: Edge, c2: float) -> Alias | None:
     """(x op c1) op c2 -> x op (c1 op c2), for op in add/mul, when x's views compose."""
     inner, tracker = edge
     if inner.op != node.op:
@@ -223,7 +222,7 @@ def _reassociate(b: _Builder, node: Node, edge: Edge, c2: float) -> Edge | None:
         if x is not None and scalar_of(x) is None:
             c = float(node.primitive.reference(np.float32(c1), np.float32(c2)))
             merged = b.add(Node(node.op, (x, b.scalar(c, node.shape)), node.shape))
-            return _simplify_rule(b, merged) or (merged, ShapeTracker.contiguous(node.shape))
+            return _simplify_rule(b, merged) or (merged, None)
     return None
 
 

@@ -1,0 +1,6 @@
+"""`python -m luminar ...` runs the `luminar` command (cli.py)."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

