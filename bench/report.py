@@ -70,6 +70,17 @@ def results_table(results) -> list[str]:
     return lines
 
 
+def best_table(results) -> list[str]:
+    lines = ["| benchmark | luminar best ms | numpy best ms | torch best ms | vs numpy (best) | vs torch (best) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for row in results["rows"]:
+        times = row.get("times", {})
+        best = [f"{times[n]['best_ms']:.3g}" if n in times else "—" for n in CONTENDERS]
+        vs = row.get("speed_vs_best", {})
+        lines.append(f"| {row['name']} | {' | '.join(best)} | {_ratio(vs.get('numpy'))} | {_ratio(vs.get('torch'))} |")
+    return lines
+
+
 def limits_table(limits) -> list[str]:
     lines = ["| kernel | threads | median | best |", "|---|---:|---:|---:|"]
     for r in limits["rows"]:
@@ -173,6 +184,11 @@ def markdown(results) -> str:
         "reference before timing.",
         "",
         *results_table(results),
+        "",
+        "Best (fastest) sample of each contender: less sensitive to other tenants' load than the median, "
+        "but optimistic.",
+        "",
+        *best_table(results),
         "",
         "## Memory plans (luminar arena for temporaries)",
         "",

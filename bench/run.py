@@ -278,6 +278,8 @@ def score(row: dict, case: cases.Case, limits: dict):
     lum = times.get("luminar")
     row["speed_vs"] = {name: t["median_ms"] / lum["median_ms"] for name, t in times.items()
                        if lum and name != "luminar"}
+    row["speed_vs_best"] = {name: t["best_ms"] / lum["best_ms"] for name, t in times.items()
+                            if lum and name != "luminar"}
     for goal in case.goals:
         if lum is None:
             met, value = None, None

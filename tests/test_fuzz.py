@@ -1,8 +1,9 @@
 """Random-graph fuzzing: random chains of library ops, run by luminar, checked against numpy.
 
-Hypothesis draws 1-3 input arrays (ranks 0-4, sizes 1-5, shapes related so they broadcast) and
-a chain of 1-8 ops from OPS, a table of (luminar op, numpy model of it, when it applies). Each op
-takes its operands from everything computed so far. On the reference runtime the graph is
+Hypothesis draws 1-3 input arrays (ranks 0-4, sizes 1-5, shapes related so they broadcast,
+sometimes with symbolic dims, stored as float32, float16, bfloat16 or int8) and a chain of 1-8
+ops from OPS, a table of (luminar op, numpy model of it, when it applies). Each op takes its
+operands from everything computed so far. On the reference runtime the graph is
 compiled twice, with no passes and with the default passes; compiled backends (cpu) get fewer
 examples, because each graph is a fresh C compile. Every result must match the numpy model
 (computed in float64) within rtol 1e-4, atol 1e-5.
@@ -10,6 +11,7 @@ examples, because each graph is a fresh C compile. Every result must match the n
 Ops join the table as soon as the library has them (`needs` is checked against GraphTensor and
 the luminar namespace), so the fuzzer grows with the library. A failure prints the op chain.
 
+With symbolic dims an op luminar rejects (s0 cannot be proven to equal 5) is skipped, not failed.
 Values are kept within +-BOUND (an op whose result would leave it is skipped) and divisors and
 square roots away from 0, so float32 rounding stays well below the tolerance.
 """
@@ -204,8 +206,9 @@ def np_logsumexp(x, dim, keepdim):
 
 def narrow_params(draw, x):
     dim = dim_in(draw, x.ndim)
-    start = draw(st.integers(0, x.shape[dim] - 1))
-    return {"dim": dim, "start": start, "length": draw(st.integers(1, x.shape[dim] - start))}
+    n = x.shape[dim]
+    start = draw(st.integers(-n, n - 1))  # negative starts count from the end, like torch
+    return {"dim": dim, "start": start, "length": draw(st.integers(1, n - start % n))}
 
 
 def unfold_params(draw, x):
@@ -295,9 +298,8 @@ OPS = [
            lambda x: x.ndim >= 1, lambda draw, x: {"shifts": draw(st.integers(-6, 6)),
                                                    "dims": draw(st.sampled_from([None, *range(-x.ndim, x.ndim)]))},
            needs=("roll",)),
-    # narrow with a non-negative start only: a negative start is a known core bug (reported)
     FuzzOp("narrow", 1, lambda x, **p: x.narrow(**p), lambda x, dim, start, length: np.take(
-        x, range(start, start + length), dim), lambda x: x.ndim >= 1, narrow_params),
+        x, range(start % x.shape[dim], start % x.shape[dim] + length), dim), lambda x: x.ndim >= 1, narrow_params),
     FuzzOp("unfold", 1, lambda x, **p: x.unfold(**p), np_unfold, lambda x: x.ndim >= 1, unfold_params),
     FuzzOp("tril", 1, lambda x, diagonal: x.tril(diagonal), lambda x, diagonal: np.tril(x, diagonal),
            lambda x: x.ndim >= 2, lambda draw, x: {"diagonal": draw(st.integers(-2, 2))}, needs=("tril",)),

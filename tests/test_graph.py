@@ -220,3 +220,15 @@ def test_set_inputs_keeps_weights_across_calls(backend):
         model.set_inputs(w=wa.T)
     with pytest.raises(lm.InputError, match="unknown input 'v'"):
         model.set_inputs(v=wa)
+
+
+@pytest.mark.parametrize("start,length", [(-2, 2), (1, 3), (0, 5)])
+def test_narrow_matches_torch(backend, start, length):
+    from conftest import check
+    check(lambda x: x.narrow(1, start, length) * 1.0, rand(2, 5), backend=backend)
+
+
+@pytest.mark.parametrize("start,length", [(4, 3), (-6, 1), (0, -1)])
+def test_narrow_out_of_range_is_an_error(start, length):
+    with pytest.raises(lm.ShapeError, match="narrow"):
+        lm.Graph().tensor("x", (2, 5)).narrow(1, start, length)

@@ -277,27 +277,27 @@ def test_smollm2_logits_match_transformers_on_the_same_gguf(smollm2, monkeypatch
     reference = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
                                                                   gguf_file=os.path.basename(path),
                                                                   dtype=torch.float32).eval()
-    tokenizer = smollm2.tokenizer
-    ids = np.array(tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}])))
+    # a short fixed prompt with special tokens keeps the (young) cpu schedule's prefill time down
+    ids = np.array(smollm2.tokenizer.encode("<|im_start|>user\nThe capital of France is"))
     ours, theirs = smollm2.logits(ids), _reference_logits(reference, ids)
     assert np.abs(ours - theirs).max() <= 1e-3
     assert (ours.argmax(-1) == theirs.argmax(-1)).all()
 
 
 @pytest.mark.slow
-def test_smollm2_chat_names_paris_through_the_cli(smollm2, capsys):
+def test_smollm2_greedy_chat_names_paris_through_the_cli(smollm2, monkeypatch, capsys):
+    import luminar.models
     from luminar.cli import main
+
+    def loaded(path, **options):  # the CLI's own load of the default model, minus the second compile
+        assert path is None and options["backend"] == "cpu"
+        return smollm2
+    monkeypatch.setattr(luminar.models, "load", loaded)
     assert main(["chat", QUESTION, "--max-new-tokens", "12"]) == 0
     out, err = capsys.readouterr()
-    assert "Paris" in out
+    assert "Paris" in out and "<|im_end|>" not in out
     assert "tokens/s" in err and "time to first token" in err
-
-
-@pytest.mark.slow
-def test_smollm2_stop_strings_and_token_budget(smollm2):
-    answer = smollm2.chat(QUESTION, max_new_tokens=12, stop=" Paris")
-    assert answer == "The capital of France is"
-    assert smollm2.stats.prompt_tokens > 30 and smollm2.stats.new_tokens <= 12
+    assert smollm2.stats.prompt_tokens > 30 and 0 < smollm2.stats.new_tokens <= 12
 
 
 def test_truncated_gguf_is_a_weight_file_error(tmp_path):

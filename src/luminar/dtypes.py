@@ -24,6 +24,8 @@ def normalize(dtype) -> str:
 
 def to_storage(array, dtype: str, what: str) -> np.ndarray:
     """Check (and if lossless, convert) a user array for storage as `dtype`; `what` names it in errors."""
+    if isinstance(array, np.generic):  # numpy scalars behave like 0-d arrays (uint16 = bf16 bits)
+        array = np.asarray(array)
     if not isinstance(array, np.ndarray):
         if type(array).__module__.startswith("torch"):
             array = array.detach().cpu().numpy()

@@ -309,8 +309,17 @@ class GraphTensor:
         return self._view(tracker)
 
     def narrow(self, dim: int, start, length) -> GraphTensor:
+        """torch.narrow: `length` elements from `start` (negative counts from the end) along `dim`."""
         dim = normalize_dim(dim, self.ndim)
-        return self._view(self.tracker.slice(dim, start, sym(start) + length))
+        n = self.dims[dim]
+        if isinstance(start, (int, np.integer)) and start < 0:
+            if n.is_const and start < -n.value:
+                raise ShapeError(f"narrow: start {start} is out of range for dim {dim} of size {n}")
+            start = n + int(start)
+        end = sym(start) + length
+        if isinstance(length, (int, np.integer)) and length < 0 or (n - end).is_const and (n - end).value < 0:
+            raise ShapeError(f"narrow: start {start} + length {length} exceeds dim {dim} of size {n}")
+        return self._view(self.tracker.slice(dim, start, end))
 
     def unfold(self, dimension: int, size: int, step: int, dilation: int = 1) -> GraphTensor:
         """PyTorch unfold: windows of `size` every `step` along `dimension`, window dim appended last."""

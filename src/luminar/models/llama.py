@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -163,6 +163,7 @@ _GLOBAL_GGUF = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.we
 
 
 def gguf_name(hf_name: str) -> str:
+    """The GGUF tensor name of a Hugging Face parameter name (model.layers.3.mlp.up_proj.weight -> blk.3.ffn_up.weight)."""
     if hf_name in _GLOBAL_GGUF:
         return _GLOBAL_GGUF[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)  # model.layers.{i}.rest
@@ -172,12 +173,11 @@ def gguf_name(hf_name: str) -> str:
 class Weights:
     """Declares weights as graph inputs by their Hugging Face names and collects their arrays.
 
-    `declare(g, input_name, name)` returns (GraphTensor, {input: array}) for one weight: the
-    I/O layer's `dense` for float arrays, `quant.weight` for GGUF tensors.
+    `declare(g, name)` returns (GraphTensor, {input name: array}) for one weight: the I/O layer's
+    `dense` for float arrays, `quant.weight` for GGUF tensors (which stay quantized).
     """
 
     def __init__(self, has: Callable[[str], bool], declare: Callable, shape_of: Callable[[str], tuple]):
-        # declare(g, input_name, name) -> (GraphTensor, {input: array})
         self.has, self._declare, self.shape_of = has, declare, shape_of
         self.arrays: dict[str, np.ndarray] = {}
         self.declared: dict[tuple, GraphTensor] = {}  # a tied weight is declared once
@@ -190,7 +190,7 @@ class Weights:
             if tuple(self.shape_of(name)) != tuple(shape):
                 raise WeightFileError(f"weights: tensor {name!r} has shape {tuple(self.shape_of(name))}, "
                                       f"the config expects {tuple(shape)}")
-            tensor, arrays = self._declare(g, name, name)
+            tensor, arrays = self._declare(g, name)
             self.arrays.update(arrays)
             self.declared[id(g), name] = tensor
         return self.declared[id(g), name]
@@ -198,13 +198,13 @@ class Weights:
     @classmethod
     def from_state_dict(cls, state: dict[str, np.ndarray]) -> Weights:
         from ..io.quant import dense
-        return cls(lambda n: n in state, lambda g, ident, n: dense(g, ident, state[n]), lambda n: state[n].shape)
+        return cls(lambda n: n in state, lambda g, n: dense(g, n, state[n]), lambda n: state[n].shape)
 
     @classmethod
     def from_gguf(cls, tensors: dict) -> Weights:
         from ..io.quant import weight
         return cls(lambda n: gguf_name(n) in tensors,
-                   lambda g, ident, n: weight(g, ident, tensors[gguf_name(n)]),
+                   lambda g, n: weight(g, gguf_name(n), tensors[gguf_name(n)]),
                    lambda n: tuple(tensors[gguf_name(n)].shape))
 
 
