@@ -153,7 +153,7 @@ def _mlp(depth=6, width=256):
 
 def test_arena_reuses_memory_of_dead_buffers():
     model = _mlp().compile("cpu")
-    plan = model.memory_plan({"b": 32})
+    plan = model.memory_plan({"b": 32}, exact=True)
     assert plan.unshared_bytes > 2 * plan.arena_bytes  # buffers share space ...
     assert plan.arena_bytes <= plan.lower_bound_bytes + 64 * len(plan.offsets)  # ... close to the bound
 
@@ -165,6 +165,12 @@ def test_arena_never_overlaps_live_buffers():
     for b in (1, 7, 33):
         inputs = {"x": rand(b, 48, seed=b), **{f"w{i}": rand(48, 48, seed=10 + i) for i in range(4)}}
         np.testing.assert_allclose(model(**inputs)["y"], ref(**inputs)["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_plans_for_rounded_up_dims_are_reused():
+    model = _mlp(depth=2, width=16).compile("cpu")
+    assert model.memory_plan({"b": 5}) is model.memory_plan({"b": 8})  # both plan for b = 8
+    assert model.memory_plan({"b": 9}).arena_bytes > model.memory_plan({"b": 8}).arena_bytes
 
 
 def test_debug_level_prints_kernel_times(monkeypatch, capsys):

@@ -19,6 +19,9 @@ class Program:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.fixed: dict[str, np.ndarray] = {}  # inputs set once (weights), converted to storage
+        self._dims = graph.dims()
+        # inputs whose shapes mention a symbolic dim: only these bind dims at each call
+        self._symbolic_inputs = {name: n for name, n in graph.inputs.items() if any(not d.is_const for d in n.shape)}
 
     def __call__(self, inputs: dict | None = None, /, **named) -> dict[str, np.ndarray]:
         return self.run({**(inputs or {}), **named})
@@ -60,6 +63,9 @@ class Program:
             env[name] = int(value)
         arrays = {}
         for name, node in declared.items():
+            if inputs[name] is self.fixed.get(name):  # checked by set_inputs already
+                arrays[name] = inputs[name]
+                continue
             arr = dtypes.to_storage(inputs[name], node.dtype, f"input {name!r}")
             if arr.ndim != len(node.shape):
                 raise ShapeError(f"input {name!r}: expected rank {len(node.shape)} with shape {show_shape(node.shape)}, "
@@ -69,7 +75,7 @@ class Program:
         for name, value in env.items():
             if value < 1:
                 raise DimensionError(f"symbolic dimension {name!r} is bound to {value}; symbolic sizes must be >= 1")
-        unbound = sorted(self.graph.dims() - set(env))
+        unbound = sorted(self._dims - set(env))
         if unbound:
             raise DimensionError(f"symbolic dimension {unbound[0]!r} is not bound by any input's shape; "
                                  f"pass it with run(inputs, dims={{{unbound[0]!r}: ...}})")
@@ -77,7 +83,8 @@ class Program:
 
     def _bind_dims(self, arrays, env):
         """Bind bare dim names first, then solve dims like `s + 1` with one unknown, then check all."""
-        declared = self.graph.inputs
+        declared = {name: node for name, node in self.graph.inputs.items()
+                    if name in self._symbolic_inputs or arrays[name] is not self.fixed.get(name)}
         origin = {}
         for name, node in declared.items():
             for axis, (dim, actual) in enumerate(zip(node.shape, arrays[name].shape)):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..compiler.kernels import Apply, Const, IndexValue, Kernel, KernelProgram, Load, Reduce, Select, loads, lower, walk
-from ..compiler.memory import ALIGN, MemoryPlan, plan_memory
+from ..compiler.memory import ALIGN, MemoryPlan, lifetimes, plan_memory
 from ..errors import UnsupportedError
 from ..ops import PRIMITIVES
 from ..program import Program
@@ -26,7 +26,7 @@ from . import cc
 
 C_TYPES = {"float32": "float", "float16": "_Float16", "bfloat16": "unsigned short", "int8": "signed char",
            "uint8": "unsigned char", "int32": "int"}
-PARALLEL_MIN_WORK = 1 << 20  # below this many inner iterations (~0.2 ms) threads cost more than they save
+PARALLEL_MIN_WORK = 1 << 18  # below this many inner iterations (~50 µs) threads cost more than they save
 
 PRELUDE = f"""\
 #include <math.h>
@@ -145,7 +145,10 @@ def render_loops(program: KernelProgram, kernel: Kernel) -> list[str]:
     lines, loop_vars = [], kernel.loop_vars
     if kernel.shape:
         work = _numel(kernel.shape) * _reduce_work(kernel.value)
-        lines.append(f"    #pragma omp parallel for collapse({max(len(kernel.shape) - 1, 1)}) schedule(static) "
+        # keep the innermost loop whole for the vectorizer, unless a reduction is innermost anyway
+        # (a matrix-vector product has a single output row: only its columns can be split)
+        depth = len(kernel.shape) if work != _numel(kernel.shape) else max(len(kernel.shape) - 1, 1)
+        lines.append(f"    #pragma omp parallel for collapse({depth}) schedule(static) "
                      f"if(({work.render_c()}) >= {PARALLEL_MIN_WORK})")
     for var, extent in zip(loop_vars, kernel.shape):
         lines.append(f"    for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
@@ -394,6 +397,7 @@ class CPUProgram(Program):
         self._run_profiled.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._run_profiled.restype = None
         self._plans: dict[tuple, MemoryPlan] = {}
+        self._lifetimes = lifetimes(self.kernels)
         self._arena = np.empty(0, np.float32)
         if self.debug >= 3:
             for k in self.kernels.kernels:
@@ -404,13 +408,15 @@ class CPUProgram(Program):
             print(f"[luminar] cpu: {len(self.kernels.kernels)} kernels, shared object ready in "
                   f"{self.compile_seconds * 1e3:.0f} ms", file=sys.stderr)
 
-    def memory_plan(self, env: dict[str, int]) -> MemoryPlan:
-        """The arena layout for these dim values (planned once per distinct dims)."""
-        key = tuple(env.get(d, 0) for d in self.kernels.dims)
+    def memory_plan(self, env: dict[str, int], exact: bool = False) -> MemoryPlan:
+        """The arena layout for these dim values. Calls plan for dims rounded up to a power of two,
+        so a growing KV cache re-plans only when it doubles; `exact` plans for the values given."""
+        bucket = dict(env) if exact else {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()}
+        key = (exact, *(bucket.get(d, 0) for d in self.kernels.dims))
         if key not in self._plans:
             if len(self._plans) >= self.MAX_PLANS:
                 self._plans.clear()
-            self._plans[key] = plan_memory(self.kernels, env)
+            self._plans[key] = plan_memory(self.kernels, bucket, life=self._lifetimes)
         return self._plans[key]
 
     def execute(self, arrays, env):

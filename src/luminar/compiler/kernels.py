@@ -151,7 +151,7 @@ UNROLL_REDUCE_MAX = 4  # reductions this short become straight-line code (relu =
 def unroll_short_reduction(e: Reduce):
     """Reduce over a tiny constant extent as a chain of combines, each body specialized (so the
     padding that built the reduced axis folds away)."""
-    if not (e.extent.is_const and e.extent.value <= UNROLL_REDUCE_MAX):
+    if not (isinstance(e, Reduce) and e.extent.is_const and e.extent.value <= UNROLL_REDUCE_MAX):
         return e
     if e.extent.value == 0:
         return Const(PRIMITIVES[e.op].identity)
@@ -160,6 +160,55 @@ def unroll_short_reduction(e: Reduce):
     for p in parts[1:]:
         out = Apply(e.op, (out, p))  # a reduce primitive's C spelling is its combine
     return out
+
+
+def _ir_exprs(e):
+    """Every index/validity expression inside an IR tree."""
+    for node in walk(e):
+        if isinstance(node, Load):
+            yield node.index
+            yield node.valid
+        elif isinstance(node, IndexValue):
+            yield node.expr
+        elif isinstance(node, Select):
+            yield node.cond
+
+
+def _divisors_of(var: str, exprs) -> set[int]:
+    """Constants c such that `var` appears under a `// c` or `% c`."""
+    from ..symbolic import FloorDiv, Mod
+    def divided(e):  # var itself is under a div/mod inside e
+        return isinstance(e, (FloorDiv, Mod)) and var in e.a.vars() or any(divided(c) for c in e.children)
+
+    found, stack = set(), list(exprs)
+    while stack:
+        e = stack.pop()
+        if isinstance(e, (FloorDiv, Mod)) and e.b.is_const and e.b.value > 1 and var in e.a.vars() \
+                and not divided(e.a):  # digits of var itself, not of var // 16 (those follow)
+            found.add(e.b.value)
+        stack.extend(e.children)
+    return found
+
+
+def split_reduction(e: Reduce):
+    """A reduction whose index math divides the reduced index by constants (blocks of a quantized
+    weight: r // 32, r % 16) as nested reductions over the block digits, so every index becomes
+    affine again (r = a*32 + b*16 + c) and the innermost loop vectorizes."""
+    if not e.extent.is_const:
+        return e
+    chain = []
+    for c in sorted(_divisors_of(e.var.name, _ir_exprs(e.body))):
+        if e.extent.value % c == 0 and all(c % prev == 0 for prev in chain):
+            chain.append(c)
+    if not chain:
+        return e
+    sizes = [b // a for a, b in zip([1] + chain, chain + [e.extent.value])]  # innermost digit first
+    digits = [Var(f"{e.var.name}_{k}", 0, n - 1) for k, n in enumerate(sizes)]
+    index = sum((d * scale for d, scale in zip(digits, [1] + chain)), sym(0))
+    body = substitute(e.body, {e.var.name: index})
+    for d, n in zip(digits, sizes):
+        body = unroll_short_reduction(Reduce(e.op, d, sym(n), body))
+    return body
 
 
 class _Lowering:
@@ -230,15 +279,17 @@ class _Lowering:
 
     def read(self, src: Node, tracker: ShapeTracker, idx, guard: Expr):
         """The value of `src` seen through `tracker` at index `idx` (0 where the view or `guard` is invalid)."""
-        valid = guard & tracker.valid_expr(idx)
+        own = tracker.valid_expr(idx)
+        valid = guard & own
         flat = tracker.index_expr(idx)
         if src.id in self.realized:
-            return Load(self.buffer_of[src.id], flat, valid)
+            return Load(self.buffer_of[src.id], flat, valid)  # loads carry every guard: memory safety
         multi = _source_index(tracker, src.shape, idx)
         if multi is None:  # recover the source's own index from the flat position (div/mod, simplified)
             multi = [(flat // s) % d for s, d in zip(row_major_strides(src.shape), src.shape)]
         value = self.value(src, multi, valid)
-        return value if valid == sym(1) or isinstance(value, Load) else Select(valid, value)
+        # only padding this view adds needs a Select; an enclosing guard is applied by whoever set it
+        return value if own == sym(1) or isinstance(value, Load) else Select(valid, value)
 
     def value(self, node: Node, idx, guard: Expr, root: bool = False):
         """The element of `node` at index `idx`: a Load if it has a buffer, else its inlined expression."""
@@ -257,7 +308,8 @@ class _Lowering:
             var = Var(f"_r{self.reduce_vars}", 0, max(extent.value - 1, 0) if extent.is_const else None)
             self.reduce_vars += 1
             src_idx = list(idx[:node.axis]) + [var] + list(idx[node.axis:])
-            return unroll_short_reduction(Reduce(prim.name, var, extent, self.read(src, tracker, src_idx, guard)))
+            return unroll_short_reduction(split_reduction(Reduce(prim.name, var, extent,
+                                                                 self.read(src, tracker, src_idx, guard))))
         return apply(prim.name, *(self.read(s, t, idx, guard) for s, t in node.srcs))
 
 

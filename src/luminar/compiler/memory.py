@@ -32,8 +32,10 @@ def lifetimes(program: KernelProgram) -> dict[int, tuple[int, int]]:
     return life
 
 
-def plan_memory(program: KernelProgram, env: dict[str, int], itemsize: int = 4) -> MemoryPlan:
-    life = lifetimes(program)
+def plan_memory(program: KernelProgram, env: dict[str, int], itemsize: int = 4, life=None) -> MemoryPlan:
+    """Place every temp for these dim values. Sizes only grow with the dims, so a plan made for
+    larger values is also valid for smaller ones (backends plan for rounded-up dims)."""
+    life = lifetimes(program) if life is None else life
     size = {b.id: _aligned(int(b.numel.evaluate(env)) * itemsize) for b in program.buffers if b.id in life}
     placed: list[tuple[int, int, int]] = []  # (offset, bytes, buffer id)
     offsets = {}

@@ -34,7 +34,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import DTypeError, UnsupportedError
 from ..graph import Graph
-from ..library.indexing import cat
+from ..symbolic import Var
 from ..tensor import GraphTensor
 
 
@@ -71,15 +71,18 @@ def _nibbles_numpy(quants: np.ndarray) -> np.ndarray:
 
 
 def _nibbles_graph(quants: GraphTensor) -> GraphTensor:
-    """The same from primitives: low = q fmod 16, high = (q - low) / 16, exact in float32.
+    """The same from primitives, without a concatenation: the bytes are broadcast over a new
+    (low, high) axis h, and nibble h of byte q is floor(q / 16^h) fmod 16, exact in float32.
 
-    One fmod per byte: writing high as q/16 - (q/16 fmod 1) would let each half fuse on its own
-    but doubles the fmods, which cost more than the fusion saves on the cpu backend today."""
-    low = quants.fmod(16.0)
-    high = (quants - low) * (1.0 / 16.0)
-    return cat([low, high], -1)
-
-
+    A concatenation (pad + add) would leave padding tests and div/mod in the consumer's index
+    math; this way the (..., 2, 16) result merges into rows by plain reshapes, so a matmul reads
+    each byte with simple indices and the compiler unpacks nibbles inside its loop.
+    """
+    pair = quants.unsqueeze(-2).expand(*quants.dims[:-1], 2, quants.dims[-1])  # (..., 2, 16), no copy
+    h = quants.graph.constant(Var(f"_d{pair.ndim - 2}", 0, 1), pair.dims)  # 0 for low, 1 for high
+    shifted = pair * (1.0 - h * (15.0 / 16.0))  # q, or q / 16
+    whole = shifted - shifted.fmod(1.0)  # floor (values are >= 0)
+    return whole.fmod(16.0).flatten(-2)
 def _f32(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
