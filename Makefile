@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench setup clean loc
+.PHONY: test demo bench bench-llm setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,9 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(VPY) bench/run.py
+
+bench-llm: $(STAMP)
+	$(VPY) bench/llm.py
 
 loc:
 	$(PY) ../shared/tools/loc.py --per-file

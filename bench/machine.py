@@ -253,7 +253,7 @@ def measure_limits(threads=(1, 2), bandwidth_mb: int = 256, repeats: int = 11, f
         for key, (work, run) in kernels.items():
             rates[key].append(work / run() / 1e9)
     rows = [_row(name, n, unit, rates[(name, n, unit)]) for name, n, unit in kernels]
-    # A limit is what the machine can do, and other tenants only ever lower a measurement: take the best.
+    # A limit is what the machine can do, and other work only ever lowers a measurement: take the best.
     return {"rows": rows, "array_mb": bandwidth_mb,
             "peak_gflops": max(r["best"] for r in rows if r["unit"] == "GFLOP/s"),
             "bandwidth_gbs": max(r["best"] for r in rows if r["unit"] == "GB/s")}

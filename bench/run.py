@@ -72,18 +72,20 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="threads for every contender (OpenMP, OpenBLAS, "
                    "torch); 1 gives steadier ratios on a machine shared with other work (default 2)")
     p.add_argument("--idle-wait", type=float, default=None, help="max seconds to wait for an idle machine "
-                   "before each benchmark (default 20 first, then 10; 2 with --quick)")
+                   "before each benchmark (default 20 first, then 10; 2 then 1 with --quick)")
     return p.parse_args(argv)
 
 
 def settings(args) -> dict:
     if args.quick:
-        return {"max_rounds": 5, "min_rounds": 2, "budget_s": 0.3, "first_idle_wait_s": 2, "idle_wait_s": 1,
-                "limits": {"bandwidth_mb": 64, "repeats": 3, "fma_seconds": 0.03}}
-    first = 20 if args.idle_wait is None else args.idle_wait
-    return {"max_rounds": 40, "min_rounds": 5, "budget_s": 3.0, "first_idle_wait_s": first,
-            "idle_wait_s": 10 if args.idle_wait is None else args.idle_wait,
-            "limits": {"bandwidth_mb": 256, "repeats": 11, "fma_seconds": 0.1}}
+        cfg = {"max_rounds": 5, "min_rounds": 2, "budget_s": 0.3, "first_idle_wait_s": 2, "idle_wait_s": 1,
+               "limits": {"bandwidth_mb": 64, "repeats": 3, "fma_seconds": 0.03}}
+    else:
+        cfg = {"max_rounds": 40, "min_rounds": 5, "budget_s": 3.0, "first_idle_wait_s": 20, "idle_wait_s": 10,
+               "limits": {"bandwidth_mb": 256, "repeats": 11, "fma_seconds": 0.1}}
+    if args.idle_wait is not None:
+        cfg["first_idle_wait_s"] = cfg["idle_wait_s"] = args.idle_wait
+    return cfg
 
 
 def main(argv=None) -> int:
@@ -164,7 +166,7 @@ def git_revision() -> str:
 def run_case(case: cases.Case, cfg: dict, limits: dict) -> dict:
     import torch
     row = {"name": case.name, "size": case.size, "unit": case.unit, "flops": case.flops, "bytes": case.bytes,
-           "goals": [], "errors": {}, "accuracy": {}}
+           "note": case.note, "goals": [], "errors": {}, "accuracy": {}}
     arrays = case.inputs()
     reference = as_arrays(case.numpy_fn(**{k: v.astype(np.float64) for k, v in arrays.items()}))
     tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
