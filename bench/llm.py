@@ -560,7 +560,8 @@ def render(data: dict) -> str:
             ".venv/bin/python bench/llm.py --quick   # smoke run, prints this report, writes nothing",
             "```",
             "",
-            f"Command of this run: `{data['command']}`; took {data['total_s']:.0f} s. Raw numbers: bench/llm.json.",
+            f"Command of this run: `{data['command']}`; took {data['total_s']:.0f} s. Raw numbers: "
+            f"{data.get('raw', 'bench/llm.json')}.",
             ""]
     return "\n".join(out)
 
@@ -638,6 +639,7 @@ def main(argv=None) -> int:
                       "prefill_max_abs_logit_diff": float(np.abs(last["luminar"] - last["transformers"]).max()),
                       "prefill_argmax_agrees": bool(last["luminar"].argmax() == last["transformers"].argmax())}
     data["total_s"] = time.perf_counter() - started
+    data["raw"] = str(out_dir / "llm.json") if out_dir is not None else "not written (--quick)"
     report = render(data)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
