@@ -180,3 +180,18 @@ def test_debug_level_prints_kernel_times(monkeypatch, capsys):
     g.compile("cpu")(x=np.zeros(3, np.float32))
     err = capsys.readouterr().err
     assert "kernels, shared object ready" in err and "cpu call:" in err and "k0_sum_reduce" in err
+
+
+def test_one_hot_reduction_becomes_an_indexed_read():
+    """embedding = one_hot(ids) @ table; the compiler reads one row instead of summing over all."""
+    from luminar.compiler.kernels import Gather, Reduce, walk
+    g = lm.Graph()
+    ids, table = g.tensor("ids", ("s",), "int32"), g.tensor("table", (1000, 8))
+    lm.embedding(ids, table).output("e")
+    (kernel,) = kernels_of(g)
+    nodes = list(walk(kernel.value))
+    assert any(isinstance(n, Gather) for n in nodes) and not any(isinstance(n, Reduce) for n in nodes)
+    t = rand(1000, 8)
+    idx = np.array([5, 999, 0, 1000, -1], np.int32)  # the last two are out of range: zero rows, as one_hot gives
+    expected = np.where(((idx >= 0) & (idx < 1000))[:, None], t[np.clip(idx, 0, 999)], 0)
+    np.testing.assert_array_equal(g.compile("cpu")(ids=idx, table=t)["e"], expected)

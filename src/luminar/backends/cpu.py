@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compiler.kernels import Apply, Const, IndexValue, Kernel, KernelProgram, Load, Reduce, Select, loads, lower, walk
+from ..compiler.kernels import (Apply, Const, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select,
+                                depends_on, loads, lower, walk)
 from ..compiler.memory import ALIGN, MemoryPlan, lifetimes, plan_memory
 from ..errors import UnsupportedError
 from ..ops import PRIMITIVES
@@ -79,6 +80,8 @@ class _Emitter:
             code = f"(({e.cond.render_c()}) ? {self.emit(e.value)} : 0.0f)"
         elif isinstance(e, Reduce):
             code = self.reduce(e)
+        elif isinstance(e, Gather):
+            code = self.gather(e)
         else:
             raise TypeError(f"unknown IR node {e!r}")
         name = self.fresh()
@@ -111,6 +114,22 @@ class _Emitter:
         self.lines.append(f"{self.indent}    {acc} = {prim.c.format(acc, value)};")
         self.lines.append(f"{self.indent}}}")
         return acc
+
+    def gather(self, e: Gather) -> str:
+        """The body evaluated once, at the integer the index holds (0.0 when it is not a valid index)."""
+        out, index = self.fresh("gather"), self.emit(e.index)
+        self.lines.append(f"{self.indent}float {out} = 0.0f;")
+        self.lines.append(f"{self.indent}if ({index} >= 0.0f && {index} < (float)({e.extent.render_c()}) && "
+                          f"{index} == (float)(long long){index}) {{")
+        self.lines.append(f"{self.indent}    const long long {e.var.name} = (long long){index};")
+        inner = _Emitter(self.program, self.indent + "    ")
+        inner.names, inner.count = dict(self.names), self.count
+        value = inner.emit(e.body)
+        self.lines += inner.lines
+        self.count = inner.count
+        self.lines.append(f"{self.indent}    {out} = {value};")
+        self.lines.append(f"{self.indent}}}")
+        return out
 
 
 def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
@@ -184,20 +203,6 @@ class TilePlan:
     panels: list  # IR subtrees that depend on the column (and reduction), not the row
 
 
-def _deps(e) -> frozenset:
-    if isinstance(e, Load):
-        return e.index.vars() | e.valid.vars()
-    if isinstance(e, IndexValue):
-        return e.expr.vars()
-    if isinstance(e, Select):
-        return e.cond.vars() | _deps(e.value)
-    if isinstance(e, Apply):
-        return frozenset().union(*(_deps(a) for a in e.args))
-    if isinstance(e, Reduce):
-        return _deps(e.body) - {e.var.name}
-    return frozenset()
-
-
 def _stride(index: Expr, var: Var):
     """How far `index` moves when `var` grows by one, if that is a constant; else None."""
     step = index.substitute({var.name: var + 1}) - index
@@ -221,7 +226,7 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
     rows, panels = [], []
 
     def split(e):
-        deps = _deps(e)
+        deps = depends_on(e)
         if isinstance(e, Const):
             return
         if j.name not in deps:
@@ -331,7 +336,7 @@ def _deps_outside(e, named: dict) -> frozenset:
         return frozenset().union(*(_deps_outside(a, named) for a in e.args))
     if isinstance(e, Select):
         return e.cond.vars() | _deps_outside(e.value, named)
-    return _deps(e)
+    return depends_on(e)
 
 
 def _flat(loop_vars, shape) -> Expr:

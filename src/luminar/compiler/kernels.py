@@ -70,6 +70,16 @@ class Select:
 
 
 @dataclass(frozen=True)
+class Gather:
+    """`body` with `var` bound to the value of `index` (an IR float expression): 0.0 unless that
+    value is an integer in 0..extent-1. What a one-hot reduction (an embedding) becomes."""
+    var: Var
+    index: object
+    extent: Expr
+    body: object
+
+
+@dataclass(frozen=True)
 class Buffer:
     id: int
     numel: Expr
@@ -108,6 +118,25 @@ def walk(expr):
             yield from walk(a)
     elif isinstance(expr, (Reduce, Select)):
         yield from walk(expr.body if isinstance(expr, Reduce) else expr.value)
+    elif isinstance(expr, Gather):
+        yield from walk(expr.index)
+        yield from walk(expr.body)
+
+
+def depends_on(e) -> frozenset:
+    """The index variables (and dims) an IR expression reads."""
+    if isinstance(e, Load):
+        return e.index.vars() | e.valid.vars()
+    if isinstance(e, IndexValue):
+        return e.expr.vars()
+    if isinstance(e, Select):
+        return e.cond.vars() | depends_on(e.value)
+    if isinstance(e, Apply):
+        return frozenset().union(*(depends_on(a) for a in e.args))
+    if isinstance(e, (Reduce, Gather)):
+        outer = depends_on(e.index) if isinstance(e, Gather) else frozenset()
+        return (depends_on(e.body) - {e.var.name}) | outer | e.extent.vars()
+    return frozenset()
 
 
 def loads(expr) -> list[Load]:
@@ -129,6 +158,8 @@ def substitute(e, mapping: dict):
         return apply(e.op, *(substitute(a, mapping) for a in e.args))
     if isinstance(e, Reduce):
         return Reduce(e.op, e.var, e.extent.substitute(mapping), substitute(e.body, mapping))
+    if isinstance(e, Gather):
+        return Gather(e.var, substitute(e.index, mapping), e.extent.substitute(mapping), substitute(e.body, mapping))
     return e
 
 
@@ -190,11 +221,11 @@ def _divisors_of(var: str, exprs) -> set[int]:
     return found
 
 
-def split_reduction(e: Reduce):
+def split_reduction(e):
     """A reduction whose index math divides the reduced index by constants (blocks of a quantized
     weight: r // 32, r % 16) as nested reductions over the block digits, so every index becomes
     affine again (r = a*32 + b*16 + c) and the innermost loop vectorizes."""
-    if not e.extent.is_const:
+    if not (isinstance(e, Reduce) and e.extent.is_const):
         return e
     chain = []
     for c in sorted(_divisors_of(e.var.name, _ir_exprs(e.body))):
@@ -209,6 +240,35 @@ def split_reduction(e: Reduce):
     for d, n in zip(digits, sizes):
         body = unroll_short_reduction(Reduce(e.op, d, sym(n), body))
     return body
+
+
+def _one_minus_less_than(e):
+    """(a, b) when e is 1 - less_than(a, b), as GraphTensor.le/ge spell it; else None."""
+    if isinstance(e, Apply) and e.op == "add" and e.args[0] == Const(1.0):
+        m = e.args[1]
+        if isinstance(m, Apply) and m.op == "mul" and m.args[1] == Const(-1.0) \
+                and isinstance(m.args[0], Apply) and m.args[0].op == "less_than":
+            return m.args[0].args
+    return None
+
+
+def gather_one_hot(e: Reduce):
+    """sum over r of (X == r) * f(r) is f(X): a one-hot product (embedding, gather, index_select)
+    becomes one indexed read instead of a pass over every r. X == r is GraphTensor.eq's
+    (1 - (X < r)) * (1 - (r < X))."""
+    if not (isinstance(e, Reduce) and e.op == "sum_reduce" and isinstance(e.body, Apply) and e.body.op == "mul"):
+        return e
+    r = IndexValue(e.var)
+    for indicator, rest in ((e.body.args[0], e.body.args[1]), (e.body.args[1], e.body.args[0])):
+        if not (isinstance(indicator, Apply) and indicator.op == "mul"):
+            continue
+        p, q = (_one_minus_less_than(a) for a in indicator.args)
+        if p is None or q is None or tuple(p) != tuple(q)[::-1]:
+            continue
+        x = p[0] if p[1] == r else p[1] if p[0] == r else None
+        if x is not None and e.var.name not in depends_on(x):
+            return Gather(e.var, x, e.extent, rest)
+    return e
 
 
 class _Lowering:
@@ -308,8 +368,8 @@ class _Lowering:
             var = Var(f"_r{self.reduce_vars}", 0, max(extent.value - 1, 0) if extent.is_const else None)
             self.reduce_vars += 1
             src_idx = list(idx[:node.axis]) + [var] + list(idx[node.axis:])
-            return unroll_short_reduction(split_reduction(Reduce(prim.name, var, extent,
-                                                                 self.read(src, tracker, src_idx, guard))))
+            reduction = Reduce(prim.name, var, extent, self.read(src, tracker, src_idx, guard))
+            return unroll_short_reduction(split_reduction(gather_one_hot(reduction)))
         return apply(prim.name, *(self.read(s, t, idx, guard) for s, t in node.srcs))
 
 
