@@ -175,6 +175,7 @@ def apply(op: str, *args):
     return Apply(op, tuple(args))
 
 
+TRANSCENDENTAL = ("exp2", "log2", "sin", "sqrt", "recip")  # ops worth storing rather than recomputing per read
 RECOMPUTE_MAX_OPS = 4  # a node this cheap is recomputed by each user instead of stored
 UNROLL_REDUCE_MAX = 4  # reductions this short become straight-line code (relu = max over [x, 0])
 
@@ -287,21 +288,25 @@ class _Lowering:
         # Decided in topological order, since a node's cost depends on what its sources inline:
         # - a node used more than once is recomputed by each user if it is a few ops and holds no
         #   reduction (cheaper than a round trip through memory), else it gets a buffer;
-        # - an inlined node computes every reduction inlined beneath it once per element read, so
-        #   if its consumer reads elements more than once (a broadcast), it gets a buffer.
+        # - an inlined node computes every reduction and transcendental (sin, exp2, ...) inlined
+        #   beneath it once per element read, so if its consumer reads elements more than once (a
+        #   broadcast, e.g. RoPE'd queries against every key), it gets a buffer.
         holds_reduce: dict[int, bool] = {}
+        transcendental: dict[int, bool] = {}
         cost: dict[int, int] = {}
         for n in graph.nodes:
             inlined = [src for src, _ in n.srcs if src.id not in self.realized]
             holds_reduce[n.id] = bool(n.primitive and n.primitive.kind == "reduce") or any(
                 holds_reduce[src.id] for src in inlined)
             cost[n.id] = (n.op not in DATA_OPS) + sum(cost[src.id] for src in inlined)
+            transcendental[n.id] = n.op in TRANSCENDENTAL or any(transcendental[src.id] for src in inlined)
             n_uses = uses.get(n.id, ())
             if n.op == "constant" or n.id in self.realized:
                 continue
             if len(n_uses) > 1 and (holds_reduce[n.id] or cost[n.id] > RECOMPUTE_MAX_OPS):
                 self.realized.add(n.id)
-            elif len(n_uses) == 1 and holds_reduce[n.id] and _read_more_than_once(n, n_uses):
+            elif len(n_uses) == 1 and (holds_reduce[n.id] or transcendental[n.id]) \
+                    and _read_more_than_once(n, n_uses):
                 self.realized.add(n.id)
 
     def new_buffer(self, numel, dtype, kind, name) -> int:
