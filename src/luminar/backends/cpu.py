@@ -95,6 +95,15 @@ class _Emitter:
         read = f"lm_bf16({read})" if buf.dtype == "bfloat16" else f"(float){read}" if buf.dtype != "float32" else read
         return read if e.valid == sym(1) else f"(({e.valid.render_c()}) ? {read} : 0.0f)"
 
+    def emit_block(self, e) -> str:
+        """Emit `e` one level deeper (inside a loop or an if), reusing values already computed here."""
+        inner = _Emitter(self.program, self.indent + "    ")
+        inner.names, inner.count = dict(self.names), self.count
+        value = inner.emit(e)
+        self.lines += inner.lines
+        self.count = inner.count
+        return value
+
     def reduce(self, e: Reduce) -> str:
         prim = PRIMITIVES[e.op]
         acc = self.fresh("acc")
@@ -106,11 +115,7 @@ class _Emitter:
                               f"if(({(e.extent * _reduce_work(e.body)).render_c()}) >= {PARALLEL_MIN_WORK})")
         self.lines.append(f"{self.indent}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; "
                           f"{e.var.name}++) {{")
-        inner = _Emitter(self.program, self.indent + "    ")
-        inner.names, inner.count = dict(self.names), self.count  # reuse values computed outside the loop
-        value = inner.emit(e.body)
-        self.lines += inner.lines
-        self.count = inner.count
+        value = self.emit_block(e.body)
         self.lines.append(f"{self.indent}    {acc} = {prim.c.format(acc, value)};")
         self.lines.append(f"{self.indent}}}")
         return acc
@@ -122,11 +127,7 @@ class _Emitter:
         self.lines.append(f"{self.indent}if ({index} >= 0.0f && {index} < (float)({e.extent.render_c()}) && "
                           f"{index} == (float)(long long){index}) {{")
         self.lines.append(f"{self.indent}    const long long {e.var.name} = (long long){index};")
-        inner = _Emitter(self.program, self.indent + "    ")
-        inner.names, inner.count = dict(self.names), self.count
-        value = inner.emit(e.body)
-        self.lines += inner.lines
-        self.count = inner.count
+        value = self.emit_block(e.body)
         self.lines.append(f"{self.indent}    {out} = {value};")
         self.lines.append(f"{self.indent}}}")
         return out
