@@ -144,7 +144,7 @@ class Graph:
             label = {"input": f"{n.name}: input {n.dtype}", "constant": f"constant {n.value}"}.get(n.op, n.op)
             if n.axis is not None:
                 label += f" axis={n.axis}"
-            label += f"\\n{show_shape(n.shape)}"
+            label += f"\n{show_shape(n.shape)}"
             style = ", style=filled, fillcolor=lightblue" if n.op == "input" else ""
             lines.append(f'  n{n.id} [label="{_dot_escape(label)}"{style}];')
             for src, st in n.srcs:
@@ -168,4 +168,5 @@ class Graph:
 
 
 def _dot_escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\\\\n", "\\n")
+    """A DOT string literal's contents: backslashes and quotes escaped, newlines as \\n."""
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
