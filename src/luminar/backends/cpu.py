@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..compiler.kernels import (Apply, Const, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select,
-                                depends_on, loads, lower, walk)
+                                depends_on, flat_index, loads, lower, numel, walk)
 from ..compiler.memory import ALIGN, MemoryPlan, lifetimes, plan_memory
 from ..errors import UnsupportedError
 from ..ops import PRIMITIVES
@@ -164,10 +164,10 @@ def render_loops(program: KernelProgram, kernel: Kernel) -> list[str]:
     """The plain schedule: a loop per output dim (outer ones threaded), reductions innermost."""
     lines, loop_vars = [], kernel.loop_vars
     if kernel.shape:
-        work = _numel(kernel.shape) * _reduce_work(kernel.value)
+        work = numel(kernel.shape) * _reduce_work(kernel.value)
         # keep the innermost loop whole for the vectorizer, unless a reduction is innermost anyway
         # (a matrix-vector product has a single output row: only its columns can be split)
-        depth = len(kernel.shape) if work != _numel(kernel.shape) else max(len(kernel.shape) - 1, 1)
+        depth = len(kernel.shape) if work != numel(kernel.shape) else max(len(kernel.shape) - 1, 1)
         lines.append(f"    #pragma omp parallel for collapse({depth}) schedule(static) "
                      f"if(({work.render_c()}) >= {PARALLEL_MIN_WORK})")
     for var, extent in zip(loop_vars, kernel.shape):
@@ -176,7 +176,7 @@ def render_loops(program: KernelProgram, kernel: Kernel) -> list[str]:
     emitter = _Emitter(program, "        ", threaded_reduce=not kernel.shape)
     value = emitter.emit(kernel.value)
     lines += emitter.lines
-    lines.append(f"        b{kernel.out}[{_flat(loop_vars, kernel.shape).render_c()}] = {value};")
+    lines.append(f"        b{kernel.out}[{flat_index(loop_vars, kernel.shape).render_c()}] = {value};")
     lines.append("    }")
     return lines
 
@@ -262,7 +262,7 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan) -> list
             return f"const long long {var.name} = {base} + {offset};"
         return f"const long long {var.name} = {base} + {offset} < {extent.render_c()} ? {base} + {offset} : {extent.render_c()} - 1;"
 
-    work = _numel(kernel.shape) * k_n
+    work = numel(kernel.shape) * k_n
     out = [f"    #pragma omp parallel if(({work.render_c()}) >= {PARALLEL_MIN_WORK})", "    {"]
     if npan:
         out.append(f"    float *restrict pan = (float *)malloc(sizeof(float) * (size_t)({k_c}) * {tj * npan});")
@@ -321,7 +321,7 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan) -> list
     em = _Emitter(program, "            ")
     em.names[red] = "acc[ii][jj]"
     value = em.emit(kernel.value)
-    out += em.lines + [f"            b{kernel.out}[{_flat(kernel.loop_vars, kernel.shape).render_c()}] = {value};",
+    out += em.lines + [f"            b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}] = {value};",
                        "          }", "        }", "      }", "    }"]
     if npan:
         out.append("    free(pan);")
@@ -340,10 +340,6 @@ def _deps_outside(e, named: dict) -> frozenset:
     return depends_on(e)
 
 
-def _flat(loop_vars, shape) -> Expr:
-    return sum((v * s for v, s in zip(loop_vars, _strides(shape))), sym(0))
-
-
 def render_program(program: KernelProgram) -> str:
     """All kernels plus two entry points: lm_run, and lm_run_profiled that also times each kernel."""
     parts = [PRELUDE] + [render_kernel(program, k) for k in program.kernels]
@@ -354,18 +350,6 @@ def render_program(program: KernelProgram) -> str:
     parts.append(f"void lm_run_profiled(void **bufs, const long long *dims, double *seconds) {{\n"
                  f"    double t; (void)t;\n{timed}\n}}\n")
     return "\n\n".join(parts)
-
-
-def _numel(shape) -> Expr:
-    n = sym(1)
-    for d in shape:
-        n = n * d
-    return n
-
-
-def _strides(shape):
-    from ..shape import row_major_strides
-    return row_major_strides(shape)
 
 
 def _reduce_work(e) -> Expr:

@@ -315,7 +315,7 @@ class _Lowering:
 
     def run(self) -> KernelProgram:
         g = self.graph
-        inputs = {name: self.new_buffer(_numel(n.shape), n.dtype, "input", name) for name, n in g.inputs.items()}
+        inputs = {name: self.new_buffer(numel(n.shape), n.dtype, "input", name) for name, n in g.inputs.items()}
         for name, n in g.inputs.items():
             self.buffer_of[n.id] = inputs[name]
         outputs, shapes = {}, {}
@@ -327,7 +327,7 @@ class _Lowering:
         for n in g.nodes:
             if n.id in self.realized and n.op != "input":
                 kind, name = ("output", direct[n.id]) if n.id in direct else ("temp", f"t{n.id}")
-                buf = self.new_buffer(_numel(n.shape), "float32", kind, name)
+                buf = self.new_buffer(numel(n.shape), "float32", kind, name)
                 value = self.value(n, index_vars(n.shape), sym(1), root=True)
                 self.kernels.append(Kernel(f"k{len(self.kernels)}_{n.op}", buf, n.shape, value))
                 self.buffer_of[n.id] = buf
@@ -336,7 +336,7 @@ class _Lowering:
             if direct.get(node.id) == name:
                 outputs[name] = self.buffer_of[node.id]
                 continue
-            buf = self.new_buffer(_numel(tracker.shape), "float32", "output", name)
+            buf = self.new_buffer(numel(tracker.shape), "float32", "output", name)
             value = self.read(node, tracker, index_vars(tracker.shape), sym(1))
             self.kernels.append(Kernel(f"k{len(self.kernels)}_out_{name}", buf, tracker.shape, value))
             outputs[name] = buf
@@ -359,7 +359,7 @@ class _Lowering:
     def value(self, node: Node, idx, guard: Expr, root: bool = False):
         """The element of `node` at index `idx`: a Load if it has a buffer, else its inlined expression."""
         if node.id in self.realized and not root:
-            return Load(self.buffer_of[node.id], _flat(idx, node.shape), guard)
+            return Load(self.buffer_of[node.id], flat_index(idx, node.shape), guard)
         if node.op == "constant":
             if isinstance(node.value, float):
                 return Const(node.value)
@@ -421,14 +421,14 @@ def _source_index(tracker: ShapeTracker, shape, idx) -> list | None:
     return multi if offset == sym(0) else None
 
 
-def _numel(shape) -> Expr:
+def numel(shape) -> Expr:
     n = sym(1)
     for d in shape:
         n = n * d
     return n
 
 
-def _flat(idx, shape) -> Expr:
+def flat_index(idx, shape) -> Expr:
     return sum((i * s for i, s in zip(idx, row_major_strides(shape))), sym(0))
 
 
