@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import dtypes
-from .errors import DimensionError, InputError, ShapeError, ValueDomainError, UnsupportedError
+from .errors import DTypeError, DimensionError, InputError, ShapeError, ValueDomainError, UnsupportedError
 from .ops import PRIMITIVES, Primitive
 from .shape import ShapeTracker
 from .symbolic import Expr, Var, sym
@@ -77,6 +77,7 @@ class Graph:
         self.nodes: list[Node] = []
         self.inputs: dict[str, Node] = {}
         self.outputs: dict[str, tuple[Node, ShapeTracker]] = {}
+        self.updates: dict[str, str] = {}  # input name -> the output holding its next value
 
     # -- building -----------------------------------------------------------------------------
     def add(self, node: Node) -> Node:
@@ -116,6 +117,28 @@ class Graph:
         if shape and not node_shape:
             t = t.reshape(*([1] * len(shape))).expand(*shape)
         return t
+
+    def update(self, target, value) -> None:
+        """State that persists across calls: after each run, input `target` holds `value`.
+
+        Parameters, optimizer moments and running statistics are inputs a training step rewrites.
+        The compiled program keeps the new array as that input's value for the next call (as if
+        given to `set_inputs`; the array is handed over, not copied) and `Program.state` reads it.
+        """
+        node = getattr(target, "node", None)
+        if node is None or node.op != "input" or target.graph is not self:
+            raise InputError(f"update target must be an input of this graph, got {target!r}")
+        if getattr(value, "graph", None) is not self:
+            raise InputError(f"update of input {node.name!r}: the new value must be a tensor of the same graph")
+        if tuple(value.dims) != node.shape:
+            raise ShapeError(f"update of input {node.name!r}: value shape {show_shape(value.dims)} "
+                             f"!= input shape {show_shape(node.shape)}")
+        if node.dtype != "float32":
+            raise DTypeError(f"update of input {node.name!r}: state must be float32, the input is {node.dtype}")
+        if node.name in self.updates:
+            raise InputError(f"input {node.name!r} already has an update in this graph")
+        self.updates[node.name] = f"{node.name}__next"
+        value.output(self.updates[node.name])
 
     # -- compiling -----------------------------------------------------------------------------
     def compile(self, backend: str = "reference", **options):

@@ -42,7 +42,15 @@ class Program:
     def run(self, inputs: dict, dims: dict | None = None) -> dict[str, np.ndarray]:
         """Run with `inputs` (name -> array); `dims` binds symbolic dims no input shape determines."""
         arrays, env = self.bind({**self.fixed, **inputs}, dims or {})
-        return self.execute(arrays, env)
+        results = self.execute(arrays, env)
+        for name, output in self.graph.updates.items():  # state: the new value is the next input
+            self.fixed[name] = results.pop(output)
+        return results
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """The current values of the inputs the graph updates (see `Graph.update`), by name."""
+        return {name: self.fixed[name] for name in self.graph.updates if name in self.fixed}
 
     def execute(self, arrays: dict[str, np.ndarray], env: dict[str, int]) -> dict[str, np.ndarray]:
         raise NotImplementedError

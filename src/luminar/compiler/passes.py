@@ -114,6 +114,7 @@ def _rewrite(graph: Graph, rule: Rule | None) -> Graph:
             if alias is not None:
                 b.alias_of[id(old)] = alias
     b.graph.outputs = {name: b.edge(node, tracker) for name, (node, tracker) in graph.outputs.items()}
+    b.graph.updates = dict(graph.updates)
     return _prune(b.graph) if rule is not None else b.graph
 
 
