@@ -7,6 +7,7 @@
     out = g.compile("reference")(x=np.zeros((2, 7, 64), np.float32))
 """
 from . import dtypes
+from .autograd import grad
 from .dtypes import bfloat16, float16, float32, int8, int32, uint8
 from .errors import (DimensionError, DTypeError, InputError, LuminarError, ShapeError, UnsupportedError,
                      ValueDomainError, WeightFileError)
@@ -19,7 +20,7 @@ from .tensor import FUNCTIONS as _FUNCTIONS, GraphTensor
 globals().update(_FUNCTIONS)
 
 __version__ = "0.1.0"
-__all__ = ["Graph", "GraphTensor", "Program", "PRIMITIVES", "Expr", "Var", "sym", "dtypes",
+__all__ = ["grad", "Graph", "GraphTensor", "Program", "PRIMITIVES", "Expr", "Var", "sym", "dtypes",
            "float32", "float16", "bfloat16", "int8", "uint8", "int32",
            "LuminarError", "ShapeError", "DimensionError", "DTypeError", "InputError", "ValueDomainError",
            "UnsupportedError", "WeightFileError", *_FUNCTIONS]

@@ -10,11 +10,16 @@ dimension k is the variable `_dk` (`index_var(k, dim)`), and `valid` is a 0/1 ex
 those variables; it is 1 for plain views and becomes a range test after `pad`. permute, expand,
 slice, flip, pad and window all rewrite strides and substitute into `valid`; `reshape` does so
 when the strides allow, and returns None otherwise (the tensor layer then inserts Contiguous).
+
+Each tracker also remembers the view ops that made it (`history`, oldest first, starting from
+the contiguous tracker of its buffer). Autograd transposes that list to send a gradient back
+through the view; the history is not part of a tracker's identity (equality, hash, repr).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from math import prod
+from typing import NamedTuple
 
 from .symbolic import Expr, Var, smax, sym
 
@@ -43,12 +48,21 @@ def _product(dims) -> Expr:
     return prod(dims, start=sym(1))
 
 
+class ViewStep(NamedTuple):
+    """One view op in a tracker's history: `op` (a ShapeTracker method name) applied with `args`
+    to a view of shape `before`."""
+    op: str
+    before: tuple
+    args: tuple
+
+
 @dataclass(frozen=True)
 class ShapeTracker:
     shape: tuple[Expr, ...]
     strides: tuple[Expr, ...]
     offset: Expr
     valid: Expr  # 0/1 over the index variables _d0.._dn
+    history: tuple[ViewStep, ...] = field(default=(), compare=False, repr=False)
 
     @staticmethod
     def contiguous(shape) -> ShapeTracker:
@@ -82,16 +96,22 @@ class ShapeTracker:
         return self.valid.substitute({f"_d{k}": sym(i) for k, i in enumerate(idx)})
 
     # -- view ops: each returns a new tracker ------------------------------------------------
-    def _with(self, shape, strides, offset, valid_subst: dict | None = None, extra_valid=None) -> ShapeTracker:
+    def _with(self, step: tuple, shape, strides, offset, valid_subst: dict | None = None,
+              extra_valid=None) -> ShapeTracker:
+        """The new tracker after view op `step` = (name, *args), which is appended to the history."""
         valid = self.valid.substitute(valid_subst) if valid_subst else self.valid
         if extra_valid is not None:
             valid = valid & extra_valid
-        return ShapeTracker(tuple(shape), tuple(strides), offset, valid)
+        return ShapeTracker(tuple(shape), tuple(strides), offset, valid, self._record(step))
+
+    def _record(self, step: tuple) -> tuple[ViewStep, ...]:
+        return self.history + (ViewStep(step[0], self.shape, tuple(step[1:])),)
 
     def permute(self, order) -> ShapeTracker:
         new = index_vars([self.shape[o] for o in order])
         subst = {f"_d{old}": new[pos] for pos, old in enumerate(order)}
-        return self._with([self.shape[o] for o in order], [self.strides[o] for o in order], self.offset, subst)
+        return self._with(("permute", tuple(order)), [self.shape[o] for o in order],
+                          [self.strides[o] for o in order], self.offset, subst)
 
     def expand(self, shape) -> ShapeTracker:
         """Broadcast size-1 dimensions to `shape` (same rank) with stride 0."""
@@ -101,7 +121,7 @@ class ShapeTracker:
             if old != new:
                 strides[k], subst[f"_d{k}"] = sym(0), sym(0)
         subst.update({f"_d{k}": index_var(k, d) for k, d in enumerate(shape) if f"_d{k}" not in subst})
-        return self._with(shape, strides, self.offset, subst)
+        return self._with(("expand", tuple(shape)), shape, strides, self.offset, subst)
 
     def slice(self, dim: int, start, stop, step: int = 1) -> ShapeTracker:
         """Keep start, start+step, ... < stop along `dim` (bounds already normalized, step > 0)."""
@@ -112,14 +132,15 @@ class ShapeTracker:
         strides = list(self.strides)
         strides[dim] = self.strides[dim] * step
         subst = self._reindex(shape, {dim: start + index_var(dim, size) * step})
-        return self._with(shape, strides, self.offset + start * self.strides[dim], subst)
+        return self._with(("slice", dim, start, stop, step), shape, strides, self.offset + start * self.strides[dim],
+                          subst)
 
     def flip(self, dim: int) -> ShapeTracker:
         n = self.shape[dim]
         strides = list(self.strides)
         strides[dim] = -self.strides[dim]
         subst = self._reindex(self.shape, {dim: n - 1 - index_var(dim, n)})
-        return self._with(self.shape, strides, self.offset + (n - 1) * self.strides[dim], subst)
+        return self._with(("flip", dim), self.shape, strides, self.offset + (n - 1) * self.strides[dim], subst)
 
     def pad(self, dim: int, before, after) -> ShapeTracker:
         """Add `before`/`after` zero positions along `dim` (both >= 0)."""
@@ -130,7 +151,8 @@ class ShapeTracker:
         i = index_var(dim, shape[dim])
         subst = self._reindex(shape, {dim: i - before})
         inside = i.ge(before) & i.lt(before + n)
-        return self._with(shape, self.strides, self.offset - before * self.strides[dim], subst, inside)
+        return self._with(("pad", dim, before, after), shape, self.strides, self.offset - before * self.strides[dim],
+                          subst, inside)
 
     def window(self, dim: int, size: int, stride: int = 1, dilation: int = 1) -> ShapeTracker:
         """Replace `dim` (length n) by two dims (out, size): element (o, k) reads o*stride + k*dilation.
@@ -145,7 +167,7 @@ class ShapeTracker:
         new = index_vars(shape)
         subst = {f"_d{k}": new[k if k < dim else k + 1] for k in range(self.ndim) if k != dim}
         subst[f"_d{dim}"] = new[dim] * stride + new[dim + 1] * dilation
-        return self._with(shape, strides, self.offset, subst)
+        return self._with(("window", dim, size, stride, dilation), shape, strides, self.offset, subst)
 
     def reshape(self, shape) -> ShapeTracker | None:
         """The same elements in row-major order under a new shape, or None if strides cannot express it."""
@@ -153,7 +175,7 @@ class ShapeTracker:
         if shape == self.shape:
             return self
         if self.is_contiguous() or self.numel == sym(0):
-            return ShapeTracker.contiguous(shape)
+            return replace(ShapeTracker.contiguous(shape), history=self._record(("reshape", shape)))
         one = sym(1)
         old_live = [k for k, d in enumerate(self.shape) if d != one]
         new_live = [j for j, d in enumerate(shape) if d != one]
@@ -181,7 +203,7 @@ class ShapeTracker:
                 subst[f"_d{k}"] = (flat // scale) % self.shape[k]
                 scale = scale * self.shape[k]
         valid = self.valid.substitute(subst) if self.valid != one else self.valid
-        return ShapeTracker(shape, tuple(strides), self.offset, valid)
+        return ShapeTracker(shape, tuple(strides), self.offset, valid, self._record(("reshape", shape)))
 
     def _reindex(self, shape, changed: dict[int, Expr]) -> dict[str, Expr]:
         """Substitution for `valid`: dims in `changed` get their expression, others fresh index vars."""
