@@ -8,7 +8,7 @@ Every method is also exported as a function (lm.softmax(x, -1)), as in PyTorch.
 """
 from importlib import import_module
 
-MODULES = ("elementwise", "reduce", "linalg", "nn_ops", "indexing")
+MODULES = ("elementwise", "reduce", "linalg", "nn_ops", "indexing", "losses")
 
 
 def attach(tensor_cls) -> dict:
