@@ -18,9 +18,10 @@ from .symbolic import Expr, Var, sym
 from .tensor import FUNCTIONS as _FUNCTIONS, GraphTensor
 
 globals().update(_FUNCTIONS)
+from . import nn, optim  # noqa: E402  (modules and optimizers build on the tensor library above)
 
 __version__ = "0.1.0"
-__all__ = ["grad", "Graph", "GraphTensor", "Program", "PRIMITIVES", "Expr", "Var", "sym", "dtypes",
+__all__ = ["grad", "nn", "optim", "Graph", "GraphTensor", "Program", "PRIMITIVES", "Expr", "Var", "sym", "dtypes",
            "float32", "float16", "bfloat16", "int8", "uint8", "int32",
            "LuminarError", "ShapeError", "DimensionError", "DTypeError", "InputError", "ValueDomainError",
            "UnsupportedError", "WeightFileError", *_FUNCTIONS]
