@@ -1,9 +1,13 @@
 """luminar.io: GGUF and safetensors weights, quantized weights in graphs, tokenizers.
 
-References: the `gguf` package (its numpy dequantization), transformers (its GGUF tokenizer,
-chat templates and save_pretrained). The 98 MB SmolLM2 file is read once per module.
+References: the `gguf` package (its GGUFReader and GGUFWriter, its numpy dequantization),
+transformers (its GGUF tokenizer, chat templates and save_pretrained). The 98 MB SmolLM2 file is
+read once per module (by luminar and by gguf.GGUFReader).
 """
+import math
 import os
+import re
+import struct
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ import pytest
 import luminar as lm
 from luminar.io import (Tokenizer, dense, default_model_path, input_name, load_safetensors, read_config, read_gguf,
                         weight)
+from luminar.io import quant
 
 from conftest import BACKENDS
 
@@ -81,17 +86,58 @@ def synthetic(synthetic_path):
     return read_gguf(synthetic_path)
 
 
-# -- GGUF reading -------------------------------------------------------------------------------
-def test_every_smollm_tensor_dequantizes_like_gguf(smollm):
-    reader = gguf.GGUFReader(smollm.path)
-    assert [t.name for t in reader.tensors] == list(smollm.tensors)
+# -- GGUF reading: luminar's reader against gguf.GGUFReader -------------------------------------
+@pytest.fixture(scope="module")
+def smollm_reader(smollm):
+    return gguf.GGUFReader(smollm.path)
+
+
+def reference_metadata(reader) -> dict:
+    """gguf.GGUFReader's metadata as plain Python values (its own GGUF.* header fields left out)."""
+    return {name: f.contents() for name, f in reader.fields.items() if not name.startswith("GGUF.")}
+
+
+def stored_bytes(tensor) -> np.ndarray:
+    """A tensor's bytes in file order, rebuilt from its parts (a block format's parts each hold
+    one field of every block: interleave them back, block by block)."""
+    if tensor.qtype not in quant.FORMATS:
+        (part,) = tensor.parts.values()
+        return np.ascontiguousarray(part).view(np.uint8).reshape(-1)
+    n_blocks = math.prod(tensor.shape) // quant.FORMATS[tensor.qtype].block_size
+    fields = [np.ascontiguousarray(p).view(np.uint8).reshape(n_blocks, -1) for p in tensor.parts.values()]
+    return np.concatenate(fields, axis=1).reshape(-1)
+
+
+def assert_same_tensors(ours, reader):
+    """Every tensor: same order, name, row-major shape, format, file offset and stored bytes."""
+    assert list(ours.tensors) == [t.name for t in reader.tensors]
     for ref in reader.tensors:
+        tensor = ours.tensors[ref.name]
+        assert tensor.shape == tuple(reversed(ref.shape.tolist())) and tensor.qtype == ref.tensor_type.name, ref.name
+        assert (tensor.offset, tensor.nbytes) == (ref.data_offset, ref.n_bytes), ref.name
+        assert np.array_equal(stored_bytes(tensor), ref.data.view(np.uint8).reshape(-1)), ref.name
+
+
+def test_smollm_metadata_equals_gguf_reader(smollm, smollm_reader):
+    expected = reference_metadata(smollm_reader)
+    assert list(smollm.metadata) == list(expected)
+    for key, value in expected.items():
+        assert smollm.metadata[key] == value and type(smollm.metadata[key]) is type(value), key
+    assert len(smollm.metadata["tokenizer.ggml.tokens"]) == 49152
+    assert (smollm.version, smollm.alignment) == (3, 32)
+
+
+def test_smollm_tensors_equal_gguf_reader(smollm, smollm_reader):
+    assert_same_tensors(smollm, smollm_reader)
+
+
+def test_every_smollm_tensor_dequantizes_like_gguf(smollm, smollm_reader):
+    for ref in smollm_reader.tensors:
         ours = smollm.tensors[ref.name]
         expected = gguf.quants.dequantize(ref.data, ref.tensor_type)
         values = ours.dequantize()
         assert values.dtype == np.float32 and values.shape == ours.shape == expected.shape, ref.name
         assert np.array_equal(values, expected), ref.name
-        assert ours.nbytes == ref.n_bytes, ref.name
 
 
 def test_smollm_shapes_formats_and_parts_follow_the_contract(smollm):
@@ -131,6 +177,99 @@ def test_synthetic_tensor_dequantizes_like_gguf(synthetic, synthetic_path, name)
     assert tensor.shape == SYNTHETIC[name][0] and tensor.qtype == SYNTHETIC[name][1]
     expected = gguf.quants.dequantize(ref.data, ref.tensor_type).reshape(tensor.shape)
     assert np.array_equal(tensor.dequantize(), expected)
+
+
+def test_synthetic_tensors_equal_gguf_reader(synthetic, synthetic_path):
+    assert_same_tensors(synthetic, gguf.GGUFReader(synthetic_path))
+
+
+V = gguf.GGUFValueType
+VALUES = {  # key: (value, type, array item type); one of every GGUF value type, and arrays of them
+    "v.uint8": (200, V.UINT8, None), "v.int8": (-100, V.INT8, None), "v.uint16": (60000, V.UINT16, None),
+    "v.int16": (-30000, V.INT16, None), "v.uint32": (4_000_000_000, V.UINT32, None),
+    "v.int32": (-2_000_000_000, V.INT32, None), "v.uint64": (2**63 + 5, V.UINT64, None),
+    "v.int64": (-2**62, V.INT64, None), "v.float32": (0.1, V.FLOAT32, None), "v.float64": (0.1, V.FLOAT64, None),
+    "v.bool": (False, V.BOOL, None), "v.string": ("héllo wörld 😀", V.STRING, None),
+    "a.uint8": ([0, 255], V.ARRAY, V.UINT8), "a.int16": ([-3, 7], V.ARRAY, V.INT16),
+    "a.uint64": ([1, 2**64 - 1], V.ARRAY, V.UINT64), "a.float32": ([0.5, -1.1], V.ARRAY, V.FLOAT32),
+    "a.float64": ([0.5, -1.1], V.ARRAY, V.FLOAT64), "a.bool": ([True, False, True], V.ARRAY, V.BOOL),
+    "a.strings": (["", "a b", "ünïcödé", "😀", "x" * 300, "<|im_end|>"], V.ARRAY, V.STRING),
+}
+OTHER_FORMATS = {  # tensors luminar stores as raw bytes: numpy-typed, and a K-quant (random blocks)
+    "i8": np.arange(-6, 6, dtype=np.int8).reshape(3, 4), "i16": np.arange(12, dtype=np.int16).reshape(4, 3) - 500,
+    "i32": np.arange(6, dtype=np.int32) * 70000, "i64": np.arange(4, dtype=np.int64).reshape(2, 2) - 2**40,
+    "f64": np.linspace(-1, 1, 10).reshape(2, 5),
+    "q4k": (np.random.default_rng(5).integers(0, 256, (2, 144), dtype=np.uint8), gguf.GGMLQuantizationType.Q4_K),
+}
+
+
+def write_gguf(path, values=VALUES, tensors=OTHER_FORMATS, alignment=None, **writer_options):
+    """A GGUF file from gguf.GGUFWriter: metadata `values` (as VALUES) and `tensors` (arrays, or
+    (uint8 blocks, ggml type) pairs)."""
+    writer = gguf.GGUFWriter(str(path), arch="llama", **writer_options)
+    if alignment:
+        writer.add_custom_alignment(alignment)
+    for key, (value, kind, item_kind) in values.items():
+        writer.add_key_value(key, value, kind, sub_type=item_kind)
+    for name, array in tensors.items():
+        array, kind = array if isinstance(array, tuple) else (array, None)
+        writer.add_tensor(name, array, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def other_path(tmp_path_factory):
+    return write_gguf(tmp_path_factory.mktemp("gguf") / "other.gguf", alignment=64)
+
+
+@pytest.fixture(scope="module")
+def other(other_path):
+    return read_gguf(other_path)
+
+
+def as_read(value, kind, item_kind):
+    """What reading gives back: the value written, float32 ones rounded to float32."""
+    if V.FLOAT32 not in (kind, item_kind):
+        return value
+    return [float(np.float32(v)) for v in value] if isinstance(value, list) else float(np.float32(value))
+
+
+@pytest.mark.parametrize("key", list(VALUES))
+def test_every_value_type_reads_as_plain_python(other, other_path, key):
+    ours, expected = other.metadata[key], as_read(*VALUES[key])
+    reference = gguf.GGUFReader(other_path).fields[key].contents()
+    assert ours == expected == reference
+    assert [type(v) for v in ours] == [type(v) for v in expected] if isinstance(ours, list) else \
+        type(ours) is type(expected)
+
+
+def test_nested_arrays_keep_their_structure(tmp_path):
+    """Arrays of arrays come back nested (gguf.GGUFReader flattens them to [1, 2, 3, 4])."""
+    path = write_gguf(tmp_path / "nested.gguf", values={"nested": ([[1, 2], [3], [4]], V.ARRAY, None)}, tensors={})
+    assert read_gguf(path).metadata["nested"] == [[1, 2], [3], [4]]
+
+
+def test_custom_alignment_offsets_equal_gguf_reader(other, other_path):
+    assert other.alignment == 64 and all(t.offset % 64 == 0 for t in other.tensors.values())
+    assert_same_tensors(other, gguf.GGUFReader(other_path))
+
+
+@pytest.mark.parametrize("name", list(OTHER_FORMATS))
+def test_formats_without_a_graph_dequantization_keep_their_raw_bytes(other, name):
+    tensor, array = other.tensors[name], OTHER_FORMATS[name]
+    assert list(tensor.parts) == ["raw"] and tensor.parts["raw"].dtype == np.uint8
+    if isinstance(array, tuple):  # a block format: dequantized by the gguf package
+        blocks, kind = array
+        expected = gguf.quants.dequantize(blocks, kind)
+        assert tensor.qtype == kind.name and tensor.shape == expected.shape
+        assert np.array_equal(tensor.dequantize(), expected, equal_nan=True)
+    else:
+        assert tensor.qtype == name.upper() and tensor.shape == array.shape
+        np.testing.assert_array_equal(tensor.dequantize(), array.astype(np.float32))
 
 
 # -- quantized weights in graphs ----------------------------------------------------------------
@@ -211,7 +350,7 @@ def test_not_a_gguf_file(tmp_path):
         read_gguf(path)
 
 
-@pytest.mark.parametrize("keep", [0.5, 0.02])  # in the tensor data; in the header
+@pytest.mark.parametrize("keep", [0.5, 0.02, 0.4])  # in the tensor data; in the header; in the tensor infos
 def test_truncated_gguf(synthetic_path, tmp_path, keep):
     data = open(synthetic_path, "rb").read()
     path = tmp_path / "cut.gguf"
@@ -220,9 +359,101 @@ def test_truncated_gguf(synthetic_path, tmp_path, keep):
         read_gguf(path)
 
 
-def test_reading_gguf_without_the_gguf_package(synthetic_path, monkeypatch):
+def _tensor_info_at(data: bytes, name: str) -> int:
+    """Where tensor `name`'s info continues after its name (at its dim count)."""
+    key = struct.pack("<Q", len(name)) + name.encode()
+    return data.index(key) + len(key)
+
+
+def _key_at(data: bytes, key: str) -> int:
+    """Where metadata `key` starts (at its length)."""
+    return data.index(struct.pack("<Q", len(key)) + key.encode())
+
+
+def _version(data):  # the version field: 1 (too old)
+    return [(4, "<I", 1)]
+
+
+def _string_length(data):  # general.architecture's length: past the end of the file
+    return [(_key_at(data, "general.architecture"), "<Q", 2**40)]
+
+
+def _value_type(data):  # llama.block_count's value type: not a GGUF type
+    return [(_key_at(data, "llama.block_count") + 8 + len("llama.block_count"), "<I", 99)]
+
+
+def _array_type(data):  # test.list's item type: not a GGUF type
+    return [(_key_at(data, "test.list") + 8 + len("test.list") + 4, "<I", 42)]
+
+
+def _tensor_count(data):  # far more tensors than the file can hold
+    return [(8, "<Q", 2**60)]
+
+
+def _dims(data):  # a tensor with 7 dims
+    return [(_tensor_info_at(data, "q8.weight"), "<I", 7)]
+
+
+def _offset_past_end(data):  # the last tensor's data far past the end of the file
+    return [(_tensor_info_at(data, "q50.weight") + 4 + 16 + 4, "<Q", 2**32)]
+
+
+def _misaligned(data):  # a tensor's data offset that is not a multiple of the alignment
+    return [(_tensor_info_at(data, "q8.weight") + 4 + 16 + 4, "<Q", 8)]
+
+
+def _unknown_ggml_type(data):  # a tensor of a ggml type that does not exist
+    return [(_tensor_info_at(data, "q8.weight") + 4 + 16, "<I", 200)]
+
+
+def _alignment(data):  # general.alignment 48: not a power of two (the file carries no such key: rename one)
+    at = _key_at(data, "llama.block_count")
+    return [(at, "<Q", len("general.alignment")), (at + 8, "17s", b"general.alignment"), (at + 25, "<I", 4),
+            (at + 29, "<I", 48)]
+
+
+def _duplicate_tensor(data):  # f16.weight renamed f32.weight: one name twice
+    return [(_tensor_info_at(data, "f16.weight") - len("f16.weight"), "10s", b"f32.weight")]
+
+
+CORRUPTIONS = {
+    _version: "unsupported GGUF version 1", _string_length: "corrupt string length 1099511627776",
+    _value_type: "metadata 'llama.block_count' has unknown value type 99",
+    _array_type: "metadata 'test.list' has unknown value type 42", _tensor_count: "corrupt: 1152921504606846976 tensor",
+    _dims: "tensor 'q8.weight' has 7 dims", _offset_past_end: "truncated: tensor 'q50.weight' ends at byte",
+    _misaligned: "tensor 'q8.weight' at data offset 8 is not a multiple of the alignment 32",
+    _unknown_ggml_type: "tensor 'q8.weight' has unknown ggml type 200",
+    _alignment: "general.alignment must be a power of two, got 48",
+    _duplicate_tensor: "tensor 'f32.weight' appears twice",
+}
+
+
+@pytest.mark.parametrize("corrupt", list(CORRUPTIONS), ids=lambda f: f.__name__.strip("_"))
+def test_corrupt_gguf(synthetic_path, tmp_path, corrupt):
+    data = bytearray(open(synthetic_path, "rb").read())
+    for offset, layout, value in corrupt(bytes(data)):
+        struct.pack_into(layout, data, offset, value)
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(lm.WeightFileError, match=rf"bad\.gguf: .*{re.escape(CORRUPTIONS[corrupt])}"):
+        read_gguf(path)
+
+
+def test_big_endian_gguf(tmp_path):
+    path = write_gguf(tmp_path / "big.gguf", values={}, tensors={}, endianess=gguf.GGUFEndian.BIG)
+    with pytest.raises(lm.WeightFileError, match=r"big\.gguf: big-endian GGUF files are not supported"):
+        read_gguf(path)
+
+
+def test_reading_needs_no_gguf_package_for_luminar_formats(smollm, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # import gguf now raises ImportError
-    with pytest.raises(lm.UnsupportedError, match="pip install gguf"):
+    assert read_gguf(smollm.path).tensors.keys() == smollm.tensors.keys()
+
+
+def test_other_formats_need_the_gguf_package(synthetic_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)
+    with pytest.raises(lm.UnsupportedError, match=r"tensor 'q50.weight' \(ggml type 6\) needs the gguf package: "
+                                                  r"pip install gguf"):
         read_gguf(synthetic_path)
 
 
@@ -348,6 +579,21 @@ def test_tokenizer_errors(synthetic, tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(lm.WeightFileError, match="not a valid tokenizer.json"):
         Tokenizer.from_file(tmp_path)
+
+
+def test_tokens_outside_the_byte_alphabet_are_respelled(tmp_path):
+    """A GGUF vocabulary is spelled in GPT-2's byte alphabet (a space is "Ġ", a newline "Ċ"); a
+    token that is not (a raw space or newline) is respelled from its UTF-8 bytes, and such a
+    token is never made special."""
+    tokens = ["<|end|>", "a", "b", "ab", "x\ny", " ", "Ġ", "<ctl x>"]
+    meta = {"tokenizer.ggml.model": ("gpt2", V.STRING, None), "tokenizer.ggml.tokens": (tokens, V.ARRAY, V.STRING),
+            "tokenizer.ggml.token_type": ([3, 1, 1, 1, 1, 1, 1, 3], V.ARRAY, V.INT32),
+            "tokenizer.ggml.merges": (["a b"], V.ARRAY, V.STRING)}
+    tok = Tokenizer.from_gguf(read_gguf(write_gguf(tmp_path / "tok.gguf", values=meta, tensors={})))
+    assert tok.token_to_id("xĊy") == 4 and tok.token_to_id("x\ny") is None
+    assert tok.token_to_id("Ġ") == 6  # " " respelled is "Ġ" too: the later token keeps the spelling
+    assert tok.encode("ab<|end|>") == [3, 0]
+    assert 0 in tok.backend.get_added_tokens_decoder() and 7 not in tok.backend.get_added_tokens_decoder()
 
 
 # -- safetensors --------------------------------------------------------------------------------

@@ -14,6 +14,12 @@ structural (so expressions can be dict keys); value comparisons are the methods
 
 Internally ranges use ``math.inf`` for "unbounded" so interval arithmetic needs no special
 cases; the public ``bounds()`` turns infinities into ``None``.
+
+Speed: compiling a model builds hundreds of thousands of expressions, mostly the same few
+thousand again and again (every layer indexes its tensors alike). The smart constructors are
+therefore memoized (`_memoized`): an operation on equal operands returns the result built the
+first time, which also makes equal expressions mostly the *same* objects, so equality checks
+end at the identity test and cached properties (range, text, hash) are computed once.
 """
 from __future__ import annotations
 
@@ -57,9 +63,13 @@ class Expr:
 
     # -- identity: structural equality, so expressions work as dict keys --------------------
     def __eq__(self, other):
+        if self is other:
+            return True
+        if isinstance(other, Expr):  # equal hashes first: unequal trees rarely share one
+            return type(self) is type(other) and self._hash == other._hash and self._fields == other._fields
         if isinstance(other, numbers.Integral):
-            other = Const(int(other))
-        return isinstance(other, Expr) and type(self) is type(other) and self._fields == other._fields
+            return self == _const(int(other))
+        return False
 
     def __hash__(self):
         return self._hash
@@ -83,17 +93,18 @@ class Expr:
         return type(self).__name__ + text(self._fields)
 
     # -- arithmetic ------------------------------------------------------------------------
-    def __add__(self, other): return add(self, other)
-    def __radd__(self, other): return add(other, self)
-    def __sub__(self, other): return add(self, mul(other, -1))
-    def __rsub__(self, other): return add(other, mul(self, -1))
-    def __neg__(self): return mul(self, -1)
-    def __mul__(self, other): return mul(self, other)
-    def __rmul__(self, other): return mul(other, self)
-    def __floordiv__(self, other): return floordiv(self, other)
-    def __rfloordiv__(self, other): return floordiv(other, self)
-    def __mod__(self, other): return mod(self, other)
-    def __rmod__(self, other): return mod(other, self)
+    # (straight to the memoized constructors: `self` needs no sym(), and these run a lot)
+    def __add__(self, other): return _add(self, sym(other))
+    def __radd__(self, other): return _add(sym(other), self)
+    def __sub__(self, other): return _add(self, _mul(sym(other), _MINUS_ONE))
+    def __rsub__(self, other): return _add(sym(other), _mul(self, _MINUS_ONE))
+    def __neg__(self): return _mul(self, _MINUS_ONE)
+    def __mul__(self, other): return _mul(self, sym(other))
+    def __rmul__(self, other): return _mul(sym(other), self)
+    def __floordiv__(self, other): return _floordiv(self, sym(other))
+    def __rfloordiv__(self, other): return _floordiv(sym(other), self)
+    def __mod__(self, other): return _mod(self, sym(other))
+    def __rmod__(self, other): return _mod(sym(other), self)
 
     # -- logic (0/1 valued) ----------------------------------------------------------------
     def lt(self, other): return compare("<", self, other)
@@ -111,9 +122,7 @@ class Expr:
         return self.eq(0)  # Compare overrides this to flip its operator instead
 
     # -- inspection ------------------------------------------------------------------------
-    @property
-    def is_const(self) -> bool:
-        return isinstance(self, Const)
+    is_const = False  # True on Const only (a class attribute: read on every simplification step)
 
     @property
     def value(self) -> int:
@@ -141,9 +150,19 @@ class Expr:
     # -- transformation and evaluation -----------------------------------------------------
     def substitute(self, mapping: dict) -> Expr:
         """Replace variables by name (values are Exprs or ints); the result is re-simplified."""
-        if not self.vars() & mapping.keys():
+        names = [name for name in self._vars if name in mapping]  # (cheaper than `& mapping.keys()`)
+        if not names:
             return self
-        return self._rebuild([c.substitute(mapping) for c in self.children])
+        # remembered per expression and the values of the variables it has (see _memoized)
+        key = (self, names[0], sym(mapping[names[0]])) if len(names) == 1 else \
+            (self, *sorted((name, sym(mapping[name])) for name in names))
+        result = _SUBSTITUTED.get(key)
+        if result is None:
+            result = self._rebuild([c.substitute(mapping) for c in self.children])
+            if len(_SUBSTITUTED) >= MEMO_LIMIT:
+                _SUBSTITUTED.clear()
+            _SUBSTITUTED[key] = result
+        return result
 
     def _rebuild(self, children: list) -> Expr:
         """The same node over new children, through the smart constructor."""
@@ -162,6 +181,8 @@ class Expr:
 
 
 class Const(Expr):
+    is_const = True
+
     def __init__(self, value: int):
         super().__init__(int(value))
 
@@ -170,7 +191,7 @@ class Const(Expr):
         return self._fields[0]
 
     def __hash__(self):
-        return hash(self.value)  # Const(3) == 3, so the hashes must agree too
+        return hash(self._fields[0])  # Const(3) == 3, so the hashes must agree too
 
     @cached_property
     def _range(self):
@@ -256,7 +277,7 @@ class Sum(Expr):
         return (lo, hi)
 
     def _rebuild(self, children):
-        result = Const(self.const)
+        result = _const(self.const)
         for child, (_, coeff) in zip(children, self.terms):
             result = add(result, mul(child, coeff))
         return result
@@ -291,7 +312,7 @@ class Mul(Expr):
         return (lo, hi)
 
     def _rebuild(self, children):
-        result = Const(1)
+        result = _const(1)
         for child in children:
             result = mul(result, child)
         return result
@@ -490,18 +511,58 @@ def sym(x) -> Expr:
     """int (or bool, or numpy integer) -> constant, str -> Var(name), Expr -> itself."""
     if isinstance(x, Expr):
         return x
+    if type(x) is int:  # the common case, without the slow abstract-class check below
+        c = _CONSTS.get(x)
+        return c if c is not None else _const(x)
     if isinstance(x, numbers.Integral):
-        return Const(int(x))
+        return _const(int(x))
     if isinstance(x, str):
         return Var(x)
     raise TypeError(f"cannot make a symbolic integer expression from {type(x).__name__} {x!r}")
 
 
+_MEMO: dict = {}  # (constructor, operands) -> result, see _memoized
+_SUBSTITUTED: dict = {}  # (expression, (name, value), ...) -> result, see Expr.substitute
+MEMO_LIMIT = 1 << 17  # entries kept before the table starts over (bounds memory, not results)
+_CONSTS: dict[int, Const] = {}  # one shared Const per small value
+
+
+def _const(value: int) -> Const:
+    """Const(value), shared: the same few constants are made constantly."""
+    c = _CONSTS.get(value)
+    if c is None:
+        if len(_CONSTS) >= 4096:
+            _CONSTS.clear()
+        c = _CONSTS[value] = Const(value)
+    return c
+
+
+_MINUS_ONE = _const(-1)
+
+
+def _memoized(build):
+    """`build`, remembering its result for each tuple of operands (Exprs, op names, node
+    classes). Expressions are immutable and `build` depends only on their structure, so equal
+    operands may share one result; the table is emptied when it reaches MEMO_LIMIT entries."""
+    def cached(*args):
+        key = (build, *args)
+        result = _MEMO.get(key)
+        if result is None:
+            result = build(*args)
+            if len(_MEMO) >= MEMO_LIMIT:
+                _MEMO.clear()
+            _MEMO[key] = result
+        return result
+    cached.__name__, cached.__doc__, cached.__wrapped__ = build.__name__, build.__doc__, build
+    return cached
+
+
 def _linear(e: Expr) -> tuple[dict, int]:
     """e as ({term: coefficient}, constant)."""
-    if isinstance(e, Const):
+    kind = type(e)
+    if kind is Const:
         return {}, e.value
-    if isinstance(e, Sum):
+    if kind is Sum:
         return dict(e.terms), e.const
     return {e: 1}, 0
 
@@ -519,7 +580,7 @@ def _recombine(terms: dict) -> int:
     while changed:
         changed = False
         for term, coeff in list(terms.items()):
-            if isinstance(term, Mod) and term.b.is_const:
+            if type(term) is Mod and term.b.is_const:
                 quotient = floordiv(term.a, term.b)
                 if terms.get(quotient) == coeff * term.b.value:
                     del terms[term], terms[quotient]
@@ -531,39 +592,59 @@ def _recombine(terms: dict) -> int:
     return extra_const
 
 
+def _term_order(term_and_coeff) -> tuple:
+    return term_and_coeff[0]._order
+
+
 def _make_sum(terms: dict, const: int) -> Expr:
     terms = {t: c for t, c in terms.items() if c != 0}
-    const += _recombine(terms)
-    terms = {t: c for t, c in terms.items() if c != 0}
+    if any(type(t) is Mod for t in terms):  # only a Mod term can recombine
+        const += _recombine(terms)
+        terms = {t: c for t, c in terms.items() if c != 0}
     if not terms:
-        return Const(const)
-    if len(terms) == 1 and const == 0 and next(iter(terms.values())) == 1:
-        return next(iter(terms))
-    return Sum(tuple(sorted(terms.items(), key=lambda tc: tc[0]._order)), const)
+        return _const(const)
+    if len(terms) == 1 and const == 0:
+        ((term, coeff),) = terms.items()
+        if coeff == 1:
+            return term
+    return Sum(tuple(sorted(terms.items(), key=_term_order)), const)
 
 
 def add(a, b) -> Expr:
-    (a_terms, a_const), (b_terms, b_const) = _linear(sym(a)), _linear(sym(b))
+    return _add(sym(a), sym(b))
+
+
+@_memoized
+def _add(a: Expr, b: Expr) -> Expr:
+    if a.is_const and b.is_const:
+        return _const(a.value + b.value)
+    (a_terms, a_const), (b_terms, b_const) = _linear(a), _linear(b)
     _merge(a_terms, b_terms)
     return _make_sum(a_terms, a_const + b_const)
 
 
 def _coefficient(e: Expr) -> tuple[int, Expr]:
     """Split c * x into (c, x)."""
-    if isinstance(e, Sum) and len(e.terms) == 1 and e.const == 0:
+    if type(e) is Sum and len(e.terms) == 1 and e.const == 0:
         return e.terms[0][1], e.terms[0][0]
     return 1, e
 
 
 def mul(a, b) -> Expr:
-    a, b = sym(a), sym(b)
+    return _mul(sym(a), sym(b))
+
+
+@_memoized
+def _mul(a: Expr, b: Expr) -> Expr:
     if b.is_const:
         a, b = b, a
     if a.is_const:  # a constant distributes over a linear combination
+        if a.value == 1:
+            return b  # every expression is already in the form _make_sum would give
         terms, const = _linear(b)
         return _make_sum({t: c * a.value for t, c in terms.items()}, const * a.value)
     (a_coeff, a_rest), (b_coeff, b_rest) = _coefficient(a), _coefficient(b)
-    factors = [f for x in (a_rest, b_rest) for f in (x.children if isinstance(x, Mul) else (x,))]
+    factors = [f for x in (a_rest, b_rest) for f in (x.children if type(x) is Mul else (x,))]
     product = Mul(tuple(sorted(factors, key=lambda f: f._order)))
     return _make_sum({product: a_coeff * b_coeff}, 0)
 
@@ -577,12 +658,16 @@ def _scaled_down(e: Sum, g: int) -> Expr:
 
 
 def floordiv(a, b) -> Expr:
-    a, b = sym(a), sym(b)
+    return _floordiv(sym(a), sym(b))
+
+
+@_memoized
+def _floordiv(a: Expr, b: Expr) -> Expr:
     if b == 0:
         raise ZeroDivisionError(f"symbolic floor division by zero: {a} // 0")
     low, high = _floordiv_range(a._range, b._range)
     if low == high:  # the range pins the quotient (covers constants and x < n)
-        return Const(low)
+        return _const(low)
     if b == 1:
         return a
     if b == -1:
@@ -606,14 +691,18 @@ def floordiv(a, b) -> Expr:
 
 
 def mod(a, b) -> Expr:
-    a, b = sym(a), sym(b)
+    return _mod(sym(a), sym(b))
+
+
+@_memoized
+def _mod(a: Expr, b: Expr) -> Expr:
     if b == 0:
         raise ZeroDivisionError(f"symbolic modulo by zero: {a} % 0")
     low, high = _floordiv_range(a._range, b._range)
     if low == high:  # x % d == x - (x // d) * d, and the quotient is known
         return add(a, mul(b, -low))
     if b in (1, -1):
-        return Const(0)
+        return _const(0)
     if not (b.is_const and b.value > 0):
         return Mod(a, b)
     n = b.value
@@ -635,7 +724,11 @@ def _canonical_pair(a: Expr, b: Expr) -> list[Expr]:
 
 
 def minmax(cls: type, a, b) -> Expr:
-    a, b = sym(a), sym(b)
+    return _minmax(cls, sym(a), sym(b))
+
+
+@_memoized
+def _minmax(cls: type, a: Expr, b: Expr) -> Expr:
     if a == b:
         return a
     if a._range[1] <= b._range[0]:  # a <= b for every assignment
@@ -654,7 +747,11 @@ def smax(a, b) -> Expr:
 
 
 def compare(op: str, a, b) -> Expr:
-    a, b = sym(a), sym(b)
+    return _compare(op, sym(a), sym(b))
+
+
+@_memoized
+def _compare(op: str, a: Expr, b: Expr) -> Expr:
     # Bound the difference rather than each side: common terms cancel, e.g. i < i + 1.
     lo, hi = add(a, mul(b, -1))._range
     always, never = {
@@ -664,7 +761,7 @@ def compare(op: str, a, b) -> Expr:
         "!=": (lo > 0 or hi < 0, lo == hi == 0),
     }[op]
     if always or never:
-        return Const(int(always))
+        return _const(int(always))
     if op in ("==", "!="):
         a, b = _canonical_pair(a, b)
     return Compare(op, a, b)
@@ -682,12 +779,16 @@ def _as_bool(e: Expr) -> Expr:
 
 
 def logic(cls: type, a, b) -> Expr:
-    a, b = sym(a), sym(b)
+    return _logic(cls, sym(a), sym(b))
+
+
+@_memoized
+def _logic(cls: type, a: Expr, b: Expr) -> Expr:
     absorbing = 0 if cls is And else 1  # x & 0 = 0, x | 1 = 1
     for x, y in ((a, b), (b, a)):
         truth = _truth(x)
         if truth == absorbing:
-            return Const(absorbing)
+            return _const(absorbing)
         if truth is not None:  # the neutral element: x & 1 = x, x | 0 = x (as 0/1)
             return _as_bool(y)
     if a == b:

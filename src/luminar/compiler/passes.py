@@ -138,9 +138,25 @@ def dce(graph: Graph) -> Graph:
     return _prune(_rewrite(graph, None))
 
 
-def _cse_key(node: Node):
+class _ViewTokens:
+    """Small ints standing for views: equal trackers get the same number, and each tracker object
+    is hashed only once (hashing a tracker hashes every expression in it; most edges of a graph
+    share a handful of tracker objects)."""
+
+    def __init__(self):
+        self.by_object: dict[int, tuple] = {}  # id(tracker) -> (tracker, token): kept alive, so ids stay unique
+        self.by_value: dict[ShapeTracker, int] = {}
+
+    def token(self, tracker: ShapeTracker) -> int:
+        hit = self.by_object.get(id(tracker))
+        if hit is None:
+            hit = self.by_object[id(tracker)] = (tracker, self.by_value.setdefault(tracker, len(self.by_value)))
+        return hit[1]
+
+
+def _cse_key(node: Node, views: _ViewTokens):
     """What makes two nodes compute the same value (sources by identity and view)."""
-    srcs = tuple((src.id, tracker) for src, tracker in node.srcs)
+    srcs = tuple((src.id, views.token(tracker)) for src, tracker in node.srcs)
     if node.op in ("add", "mul"):  # commutative: a+b and b+a are one value (a multiset of edges)
         srcs = frozenset(Counter(srcs).items())
     value = node.value.hex() if isinstance(node.value, float) else node.value  # keeps 0.0 != -0.0
@@ -151,9 +167,10 @@ def cse(graph: Graph) -> Graph:
     """Common-subexpression elimination: identical nodes (same op, sources, views, attributes)
     are computed once; the first one in graph order is kept. Inputs are never merged."""
     seen: dict = {}
+    views = _ViewTokens()
 
     def merge(b: _Builder, node: Node) -> Alias | None:
-        first = seen.setdefault(_cse_key(node), node)
+        first = seen.setdefault(_cse_key(node, views), node)
         return None if first is node else (first, None)
     return _rewrite(graph, merge)
 
@@ -253,7 +270,9 @@ def optimize(graph: Graph, passes: Sequence[str] | None = None) -> Graph:
     unknown = [p for p in passes if p not in PASSES]
     if unknown:
         raise UnsupportedError(f"unknown compiler pass {unknown[0]!r}; available: {sorted(PASSES)}")
-    result = _rewrite(graph, None)  # a private copy, even when no pass runs
+    result = graph
     for name in passes:
-        result = PASSES[name](result)
-    return result
+        if name == "dce" and result is not graph:
+            continue  # every pass prunes what it leaves unused: dce would only copy the graph again
+        result = PASSES[name](result)  # a new graph: passes never modify their input
+    return _rewrite(graph, None) if result is graph else result  # a private copy, even when no pass runs

@@ -16,6 +16,8 @@ transformers skips that split; the two differ only on whitespace before a digit 
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import os
 import re
@@ -55,6 +57,20 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
+_BYTE_ALPHABET = "".join(bytes_to_unicode().values())
+_OUTSIDE_BYTE_ALPHABET = re.compile(f"[^{re.escape(_BYTE_ALPHABET)}]")
+
+
+def _outside_byte_alphabet(tokens: list[str]) -> list[int]:
+    """Indices of the tokens with a character that is not in bytes_to_unicode()'s alphabet.
+
+    One regex pass over all the tokens joined (a vocabulary has tens of thousands), with each
+    hit mapped back to its token through the tokens' start offsets."""
+    starts = list(itertools.accumulate(map(len, tokens), initial=0))
+    hits = (bisect.bisect_right(starts, m.start()) - 1 for m in _OUTSIDE_BYTE_ALPHABET.finditer("".join(tokens)))
+    return sorted(set(hits))
+
+
 class Tokenizer:
     """Text <-> token ids, special tokens, the chat template and streaming decode.
 
@@ -92,17 +108,16 @@ class Tokenizer:
         if not tokens or merges is None:
             raise WeightFileError(f"{model.path}: GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
         spelling = bytes_to_unicode()
-        alphabet = set(spelling.values())
-
-        def spelled(token: str) -> str:  # a token outside the byte alphabet is respelled from its UTF-8 bytes
-            return token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
-
-        vocab = {spelled(t): i for i, t in enumerate(tokens)}
+        foreign = set(_outside_byte_alphabet(tokens))  # usually none: the vocabulary is spelled in it
+        spelled = list(tokens)
+        for i in foreign:  # a token outside the byte alphabet is respelled from its UTF-8 bytes
+            spelled[i] = "".join(spelling[b] for b in tokens[i].encode("utf-8"))
+        vocab = dict(zip(spelled, range(len(tokens))))  # (a repeated spelling keeps its last id)
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
         backend.pre_tokenizer = _pre_tokenizer(tk, meta.get("tokenizer.ggml.pre"))
         backend.decoder = tk.decoders.ByteLevel()
-        control = [t for t, k in zip(tokens, types) if k == _CONTROL and set(t) <= alphabet]
+        control = [t for i, (t, k) in enumerate(zip(tokens, types)) if k == _CONTROL and i not in foreign]
         backend.add_special_tokens([tk.AddedToken(t, normalized=False, special=True) for t in control])
         user = [t for t, k in zip(tokens, types) if k == _USER_DEFINED and t in vocab]
         backend.add_tokens([tk.AddedToken(t, normalized=False, special=False) for t in user])
