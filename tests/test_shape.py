@@ -159,3 +159,16 @@ def test_reshape_of_contiguous_always_succeeds(shape, new):
     data = np.arange(np.prod(shape), dtype=np.float32)
     t = ShapeTracker.contiguous(shape).reshape(new)
     np.testing.assert_array_equal(view(t, data), data.reshape(new))
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda x: x.flatten(1, 2), "(b, 8)"),
+    (lambda x: x.reshape(-1), "(b * 8,)"),
+    (lambda x: x.reshape("b", -1, 4), "(b, 2, 4)"),
+])
+def test_inferred_dim_next_to_a_symbolic_dim(make, expected):
+    """-1 is numel divided by the other dims, which must cancel the symbolic factor exactly."""
+    import luminar as lm
+    from luminar.graph import show_shape
+    x = lm.Graph().tensor("x", ("b", 4, 2))
+    assert show_shape(make(x).dims) == expected

@@ -177,6 +177,16 @@ def test_division_by_constants():
     assert a // 1 == a and a % 1 == 0 and 0 // s == 0 and 0 % s == 0
 
 
+def test_division_by_a_symbolic_factor_is_exact():
+    """Flattening a symbolic shape divides numel by a dim: (s*8) // s must come out as 8."""
+    t = Var("t", 1, None)
+    assert (s * 8) // s == 8 and (s * 8) % s == 0
+    assert (s * t * 24) // (s * 8) == t * 3
+    assert (s * t * 6 + s * 4) // (s * 2) == t * 3 + 2
+    assert str((s * t + 1) // s) == "(s * t + 1) // s"  # not a multiple: left alone
+    assert str((s * t) // (t * 4)) == "s * t // (t * 4)"
+
+
 def test_division_semantics_are_python_floor():
     assert sym(-7) // 2 == -4 and sym(-7) % 2 == 1 and sym(7) % -2 == -1
     for value in range(-5, 6):

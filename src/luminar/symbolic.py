@@ -657,6 +657,35 @@ def _scaled_down(e: Sum, g: int) -> Expr:
     return _make_sum({t: c // g for t, c in e.terms}, e.const // g)
 
 
+def _factors(e: Expr) -> list:
+    return list(e.children) if type(e) is Mul else [e]
+
+
+def _exact_quotient(a: Expr, b: Expr) -> Expr | None:
+    """a / b when every term of `a` is a multiple of the monomial `b` (e.g. (8*s*t) / (4*s) = 2*t),
+    so flattening a symbolic shape divides exactly; None when that is not evident."""
+    b_coeff, b_rest = _coefficient(b)
+    if type(b_rest) is Sum:
+        return None
+    terms, const = _linear(a)
+    if const or not terms:
+        return None
+    quotient = _const(0)
+    for term, coeff in terms.items():
+        rest = _factors(term)
+        for f in _factors(b_rest):
+            if f not in rest:
+                return None
+            rest.remove(f)
+        if coeff % b_coeff:
+            return None
+        term_q = _const(coeff // b_coeff)
+        for f in rest:
+            term_q = mul(term_q, f)
+        quotient = add(quotient, term_q)
+    return quotient
+
+
 def floordiv(a, b) -> Expr:
     return _floordiv(sym(a), sym(b))
 
@@ -673,7 +702,8 @@ def _floordiv(a: Expr, b: Expr) -> Expr:
     if b == -1:
         return -a
     if not (b.is_const and b.value > 0):
-        return FloorDiv(a, b)
+        exact = _exact_quotient(a, b)
+        return FloorDiv(a, b) if exact is None else exact
     n = b.value
     if isinstance(a, FloorDiv) and a.b.is_const and a.b.value > 0:  # (x // m) // n
         return floordiv(a.a, a.b.value * n)
@@ -704,7 +734,7 @@ def _mod(a: Expr, b: Expr) -> Expr:
     if b in (1, -1):
         return _const(0)
     if not (b.is_const and b.value > 0):
-        return Mod(a, b)
+        return Mod(a, b) if _exact_quotient(a, b) is None else _const(0)
     n = b.value
     if isinstance(a, Mod) and a.b.is_const and a.b.value > 0 and a.b.value % n == 0:  # (x % kn) % n
         return mod(a.a, n)
