@@ -192,12 +192,9 @@ def build_trainer(model: CharTransformer, batch_size: int, steps: int, lr: float
     logits = model(ids)
     vocab = logits.dims[-1]
     loss = lm.cross_entropy(logits.reshape(batch_size * model.context, vocab), targets.reshape(-1))
-    params = model.parameter_tensors(graph)
     optimizer = AdamW(lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
     schedule = warmup_cosine(optimizer, warmup_steps=max(1, steps // 20), total_steps=steps)
-    initial = dict(model.named_parameters())
-    step = TrainStep(loss, params, optimizer, init={k: initial[k] for k in params}, schedule=schedule,
-                     max_grad_norm=1.0)
+    step = TrainStep.for_module(model, loss, optimizer, schedule=schedule, max_grad_norm=1.0)
     return step, graph
 
 

@@ -95,13 +95,8 @@ def train_step(model, batch_size: int, optimizer, schedule=None) -> tuple[TrainS
     images = graph.tensor("images", (batch_size, 1, 8, 8))
     labels = graph.tensor("labels", (batch_size,), "int32")
     loss = lm.cross_entropy(model(images), labels)
-    params = model.parameter_tensors(graph)
-    initial = dict(model.named_parameters())
-    step = TrainStep(loss, params, optimizer, init={key: initial[key] for key in params}, schedule=schedule)
-    # TrainStep sets the parameters and the optimizer state; the model's other inputs (BatchNorm's
-    # running statistics) get their first values here and are then updated by the graph itself.
-    step.program.set_inputs({name: array for name, array in model.inputs(graph).items()
-                             if name not in step.param_inputs.values()})
+    # parameters are trained; BatchNorm's running statistics are carried as state the graph updates
+    step = TrainStep.for_module(model, loss, optimizer, schedule=schedule)
     return step, graph
 
 

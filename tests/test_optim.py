@@ -581,3 +581,34 @@ def test_train_step_rejects_a_parameter_passed_as_batch_input():
     with pytest.raises(InputError, match="missing input 'y'"):
         train.step({"x": batch["x"]})
 
+
+
+def test_for_module_carries_batchnorm_statistics_through_checkpoints(tmp_path):
+    """TrainStep.for_module trains the parameters and carries the buffers (running stats) as state:
+    they are updated by the graph, and saved and restored with the checkpoint."""
+    import luminar as lm
+    from luminar import nn
+    torch = pytest.importorskip("torch")
+    model = nn.Sequential(nn.Conv2d(1, 2, 3, rng=0), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 1, rng=1))
+    twin = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Flatten(), torch.nn.Linear(8, 1))
+    twin.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+    g = lm.Graph()
+    x, y = g.tensor("x", (4, 1, 4, 4)), g.tensor("y", (4, 1))
+    step = TrainStep.for_module(model, lm.mse_loss(model(x), y), SGD(lr=0.1), backend="reference")
+    opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        xb, yb = rng.standard_normal((4, 1, 4, 4), np.float32), rng.standard_normal((4, 1), np.float32)
+        ours = step.step({"x": xb, "y": yb})
+        opt.zero_grad()
+        theirs = torch.nn.functional.mse_loss(twin(torch.from_numpy(xb)), torch.from_numpy(yb))
+        theirs.backward()
+        opt.step()
+        np.testing.assert_allclose(ours, theirs.item(), rtol=1e-4)
+    state = step.state_dict()
+    np.testing.assert_allclose(state["1.running_var"], twin[1].running_var.numpy(), rtol=1e-4)
+    np.testing.assert_allclose(state["0.weight"], twin[0].weight.detach().numpy(), rtol=1e-4, atol=1e-6)
+    step.save(tmp_path / "ckpt.safetensors")
+    step.load_state_dict({k: np.zeros_like(v) for k, v in state.items()})  # scramble, then restore
+    step.load(tmp_path / "ckpt.safetensors")
+    np.testing.assert_array_equal(step.state_dict()["1.running_mean"], state["1.running_mean"])

@@ -44,12 +44,17 @@ class TrainStep:
     max_grad_norm  clip the gradients' global 2-norm first (clip_grad_norm); the norm before
                clipping is output "grad_norm"
     outputs    extra {name: tensor} to compute each step (see `last_outputs`)
+    buffers    {key: input GraphTensor} of state that is carried but not trained (BatchNorm
+               running statistics, dropout seeds: inputs the graph updates itself); their initial
+               values come from `init` too, and they are part of state_dict/save/load.
+               `TrainStep.for_module` fills params, buffers and init from an nn.Module.
     backend, compile_options   passed to Graph.compile
     """
 
     def __init__(self, loss, params: dict, optimizer: Optimizer, init: dict, *, grads=None,
                  schedule: Callable[[int], float] | None = None, max_grad_norm: float | None = None,
-                 outputs: dict | None = None, backend: str = "cpu", **compile_options):
+                 outputs: dict | None = None, buffers: dict | None = None, backend: str = "cpu",
+                 **compile_options):
         if not isinstance(optimizer, Optimizer):
             raise UnsupportedError(f"TrainStep: optimizer must be a luminar.optim optimizer, got {optimizer!r}")
         if not isinstance(params, dict) or not params:
@@ -62,7 +67,12 @@ class TrainStep:
         if next(iter(params.values())).graph is not loss.graph:
             raise InputError("TrainStep: the parameters must be inputs of the loss's graph")
         self.param_inputs = {key: p.node.name for key, p in params.items()}
-        initial = _initial_values(init, params)  # checked before the (slower) compile
+        buffers = dict(buffers or {})
+        for key, tensor in buffers.items():
+            if getattr(tensor, "graph", None) is not loss.graph or tensor.node.op != "input" or key in params:
+                raise InputError(f"TrainStep: buffer {key!r} must be an input of the loss's graph that is not a parameter")
+        self.buffer_inputs = {key: t.node.name for key, t in buffers.items()}
+        initial = _initial_values(init, {**params, **buffers})  # checked before the (slower) compile
         grads = _grads_list(optimizer, params, _autograd(loss, params) if grads is None else grads)
         if max_grad_norm is not None:
             grads, grad_norm = clip_grad_norm(grads, max_grad_norm)
@@ -77,6 +87,18 @@ class TrainStep:
         self.program.set_inputs({**initial, **optimizer.initial_state()})
         self.last_outputs: dict[str, np.ndarray] = {}
         self.last_lr: float | None = None
+
+    @classmethod
+    def for_module(cls, module, loss, optimizer: Optimizer, **options) -> "TrainStep":
+        """The TrainStep of an nn.Module applied in `loss`'s graph: its parameters are trained, its
+        buffers (running statistics, dropout seeds) carried as state, all starting from the
+        module's current values; keys are the module's dotted names."""
+        graph = loss.graph
+        params = module.parameter_tensors(graph)
+        names, arrays = module.input_names(graph), module.inputs(graph)
+        buffers = {key: module.graph_tensor(graph, key) for key in names if key not in params}
+        init = {key: arrays[name] for key, name in names.items()}
+        return cls(loss, params, optimizer, init, buffers=buffers, **options)
 
     # -- running ----------------------------------------------------------------------------------
     @property
@@ -111,8 +133,8 @@ class TrainStep:
         return {key: _read_only(state[name]) for key, name in self.param_inputs.items()}
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Parameters (by key) and optimizer state ("optim.step", "optim.<key>.exp_avg", ...)."""
-        state = self.program.state
+        """Parameters and buffers (by key) and optimizer state ("optim.step", "optim.<key>.exp_avg", ...)."""
+        state = self.program.fixed
         return {key: _read_only(state[name]) for key, name in self._names().items()}
 
     def load_state_dict(self, tensors: dict, source: str = "state dict") -> None:
@@ -175,8 +197,8 @@ class TrainStep:
 
     # -- helpers ----------------------------------------------------------------------------------
     def _names(self) -> dict[str, str]:
-        """State-dict key -> input name, parameters first."""
-        names = dict(self.param_inputs)
+        """State-dict key -> input name, parameters and buffers first."""
+        names = {**self.param_inputs, **self.buffer_inputs}
         for key, name in self.optimizer.state_names.items():
             if key in names:
                 raise InputError(f"TrainStep: parameter key {key!r} collides with an optimizer state name")
@@ -198,7 +220,8 @@ def _initial_values(init, params: dict) -> dict[str, np.ndarray]:
     missing = [k for k in params if k not in init]
     unexpected = [k for k in init if k not in params]
     if missing or unexpected:
-        raise InputError(f"TrainStep: init must give every parameter; missing {missing}, unexpected {unexpected}")
+        raise InputError(f"TrainStep: init must give every parameter and buffer; missing {missing}, "
+                         f"unexpected {unexpected}")
     arrays = {}
     for key, param in params.items():
         try:
