@@ -298,3 +298,19 @@ def test_max_like_reductions_over_an_empty_dim_are_rejected(fn):
 def test_norm_rejects_nuclear_norm():
     with pytest.raises(lm.UnsupportedError, match="norm: p must be 'fro' or a number, got 'nuc'"):
         _x().norm("nuc")
+
+
+def test_adjacent_reduced_axes_become_one_reduction():
+    """sum over adjacent axes of a contiguous tensor is one long reduction (a view merges them),
+    not nested short ones; where a view cannot merge them (after a permute) each axis reduces alone."""
+    g = lm.Graph()
+    x = g.tensor("x", (2, 3, 4, 5))
+    x.sum((0, 1)).output("a")
+    x.permute(0, 2, 1, 3).sum((1, 2)).output("b")
+    reductions = [n.shape for n in g.nodes if n.op == "sum_reduce"]
+    assert reductions[0] == tuple(map(lm.sym, (4, 5)))  # (2*3, 4, 5) summed over its first axis
+    assert len(reductions) == 3
+    a = rand(2, 3, 4, 5)
+    out = g.compile("reference")(x=a)
+    np.testing.assert_allclose(out["a"], a.sum((0, 1)), rtol=1e-5)
+    np.testing.assert_allclose(out["b"], a.transpose(0, 2, 1, 3).sum((1, 2)), rtol=1e-5)

@@ -144,8 +144,8 @@ class GraphTensor:
         axes = sorted({normalize_dim(d, self.ndim) for d in axes}, reverse=True)
         if self.ndim == 0:
             return self  # PyTorch: reducing a 0-d tensor returns its value
-        out = self
-        for axis in axes:
+        out, merged_axes = _merge_adjacent(self, axes)
+        for axis in merged_axes:
             out = out._new(op, [out], out.dims[:axis] + out.dims[axis + 1:], axis=axis)
         if keepdim:
             out = out.reshape(*[sym(1) if k in axes else d for k, d in enumerate(self.dims)])
@@ -439,3 +439,28 @@ from .library import attach  # noqa: E402  (the library composes the methods def
 _CORE_FUNCTIONS = ("reshape", "permute", "transpose", "flatten", "squeeze", "unsqueeze", "flip", "narrow",
                    "broadcast_to", "pad", "matmul", "contiguous")
 FUNCTIONS = {**attach(GraphTensor), "where": where, **{n: getattr(GraphTensor, n) for n in _CORE_FUNCTIONS}}
+
+
+def _merge_adjacent(t: GraphTensor, axes: list[int]) -> tuple[GraphTensor, list[int]]:
+    """`t` and the axes to reduce one at a time (highest first), after viewing each run of adjacent
+    reduced axes as one axis where the strides allow it (e.g. the batch and sequence axes of a
+    weight gradient): one long reduction instead of nested short ones, which schedule better."""
+    runs = []
+    for axis in axes:  # descending
+        if runs and runs[-1][0] == axis + 1:
+            runs[-1][0] = axis
+        else:
+            runs.append([axis, axis])
+    out = []
+    for first, last in runs:  # highest run first, so merging never shifts a run still to come
+        if last > first:
+            size = sym(1)
+            for d in t.dims[first:last + 1]:
+                size = size * d
+            merged = t.tracker.reshape(t.dims[:first] + (size,) + t.dims[last + 1:])
+            if merged is not None:
+                t = t._view(merged)
+                out.append(first)
+                continue
+        out.extend(range(last, first - 1, -1))
+    return t, out
