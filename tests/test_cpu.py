@@ -195,3 +195,90 @@ def test_one_hot_reduction_becomes_an_indexed_read():
     idx = np.array([5, 999, 0, 1000, -1], np.int32)  # the last two are out of range: zero rows, as one_hot gives
     expected = np.where(((idx >= 0) & (idx < 1000))[:, None], t[np.clip(idx, 0, 999)], 0)
     np.testing.assert_array_equal(g.compile("cpu")(ids=idx, table=t)["e"], expected)
+
+
+# -- schedules chosen by rule ---------------------------------------------------------------------
+
+class _Q4Tensor:  # what the GGUF reader hands to quant.weight
+    qtype = "Q4_1"
+
+    def __init__(self, rows, cols, seed=0):
+        rng = np.random.default_rng(seed)
+        blocks = cols // 32
+        self.shape = (rows, cols)
+        self.parts = {"scale": (rng.standard_normal((rows, blocks)) * 0.05).astype(np.float16),
+                      "min": (rng.standard_normal((rows, blocks)) * 0.05).astype(np.float16),
+                      "quants": rng.integers(0, 256, (rows, blocks, 16), dtype=np.uint8)}
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["float32 W", "Q4_1 W"])
+def test_linear_packs_its_weight_from_four_rows(quantized):
+    """x @ W.T reads both operands in order along the reduction; from 4 rows on (a runtime test on
+    the symbolic dim) the weight -- dequantized once -- is packed and reused by every row."""
+    from luminar.backends.cpu import default_schedule
+    from luminar.io import quant
+    g = lm.Graph()
+    if quantized:
+        tensor = _Q4Tensor(40, 96)
+        w, feeds = quant.weight(g, "w", tensor)
+        dense_w = quant.dequantize_parts("Q4_1", tensor.parts, tensor.shape)
+    else:
+        dense_w = rand(40, 96, seed=3)
+        w, feeds = g.tensor("w", (40, 96)), {"w": dense_w}
+    lm.linear(g.tensor("x", ("s", 96)), w).output("y")
+    (kernel,) = kernels_of(g)
+    schedule = default_schedule(kernel)
+    assert (schedule.kind, schedule.min_rows, schedule.vector) == ("tiled", 4, True)
+    model = g.compile("cpu")
+    for s in (1, 3, 4, 9, 77):
+        x = rand(s, 96, seed=s)
+        np.testing.assert_allclose(model(x=x, **feeds)["y"], x @ dense_w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_loop_invariant_reduction_is_computed_before_the_loop():
+    """sum_r x[r] * (sum_q y[q]): the inner sum does not depend on r, so the renderer computes it
+    once, before r's loop (loop-invariant code motion), instead of once per step."""
+    from luminar.backends.cpu import render_kernel
+    from luminar.compiler.kernels import Apply, Buffer, Kernel, KernelProgram, Load, Reduce
+    from luminar.symbolic import Var, sym
+    r, q = Var("_r0", 0, 63), Var("_r1", 0, 63)
+    inner = Reduce("sum_reduce", q, sym(64), Load(1, q, sym(1)))
+    kernel = Kernel("k0", 2, (), Reduce("sum_reduce", r, sym(64), Apply("mul", (Load(0, r, sym(1)), inner))))
+    buffers = [Buffer(0, sym(64), "float32", "input", "x"), Buffer(1, sym(64), "float32", "input", "y"),
+               Buffer(2, sym(1), "float32", "output", "s")]
+    source = render_kernel(KernelProgram(buffers, [kernel], {"x": 0, "y": 1}, {"s": 2}, {"s": ()}), kernel)
+    assert source.index("_r1 < 64") < source.index("_r0 < 64")
+
+
+def test_normalized_rows_are_computed_once_for_every_column_block():
+    """rms_norm(x) @ W.T with the norm's scaling fused into the product: the scaled rows are
+    computed into a buffer once, not once per column block, and the results are unchanged."""
+    from luminar.backends.cpu import default_schedule
+    g = lm.Graph()
+    x, gain, w = g.tensor("x", ("s", 64)), g.tensor("g", (64,)), g.tensor("w", (300, 64))
+    lm.linear(lm.rms_norm(x, (64,), gain), w).output("y")
+    kernel = max(kernels_of(g), key=lambda k: len(str(k.value)))
+    assert default_schedule(kernel).pack_rows
+    model = g.compile("cpu")
+    ga, wa = rand(64, seed=1), rand(300, 64, seed=2)
+    for s in (1, 5, 40):
+        xa = rand(s, 64, seed=s)
+        normed = xa / np.sqrt((xa * xa).mean(-1, keepdims=True) + 1e-6) * ga
+        np.testing.assert_allclose(model(x=xa, g=ga, w=wa)["y"], normed @ wa.T, rtol=1e-4, atol=1e-4)
+
+
+def test_exp2_is_right_across_its_range_including_masked_scores():
+    """exp2 renders as inline arithmetic (no slow library path for results below the normal
+    floats, which masked softmax scores produce): within ~1 ulp of numpy, subnormal results,
+    overflow, underflow, infinities and NaN included, elementwise and inside a reduction."""
+    x = np.array([-1e30, -200, -150, -149.3, -130, -126.5, -3.7, -1, 0, 0.25, 1, 64.5, 127.7, 128, 200,
+                  np.inf, -np.inf, np.nan], np.float32)
+    scores = np.where(np.arange(64) % 3 == 0, -1e30, rand(64, seed=4) * 20).astype(np.float32)  # masked
+    g = lm.Graph()
+    g.tensor("x", (len(x),)).exp2().output("y")
+    g.tensor("scores", (64,)).exp2().sum().output("total")
+    out = g.compile("cpu")(x=x, scores=scores)
+    with np.errstate(over="ignore"):
+        expected = np.exp2(x.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(out["y"], expected, rtol=2e-7, atol=1e-45)
+    np.testing.assert_allclose(out["total"], np.exp2(scores.astype(np.float64)).sum(), rtol=1e-6)

@@ -142,12 +142,26 @@ class Graph:
 
     # -- compiling -----------------------------------------------------------------------------
     def compile(self, backend: str = "reference", **options):
-        """Compile the graph's outputs for `backend` ("reference", ...); returns a callable Program."""
+        """Compile the graph's outputs for `backend` ("reference" or "cpu"); returns a callable Program.
+
+        Options: `passes` (which generic passes run, see compiler.passes.optimize); for "cpu":
+        `search` False (the default, unless the environment variable LUMINAR_SEARCH is 1 or a
+        number of seconds), True or a time budget in seconds: pick each kernel's schedule by
+        search (compiler/search.py), results cached on disk; `search_dims` {dim: int}, the values
+        symbolic dims take while candidates are timed (default 128 each); `seed` (default 0) for
+        the candidates sampled. `program.explain()` tells what the search chose and why.
+        """
+        import inspect
         from .backends import get_backend
         if not self.outputs:
             raise ShapeError("the graph has no outputs: mark tensors with .output(name) before compiling")
         from .compiler.passes import optimize
-        return get_backend(backend)(optimize(self, **{k: options.pop(k) for k in ("passes",) if k in options}), **options)
+        program = get_backend(backend)
+        accepted = inspect.signature(program.__init__).parameters
+        unknown = sorted(set(options) - {"passes"} - set(accepted))
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+            raise UnsupportedError(f"{backend} backend: unknown options {unknown}")
+        return program(optimize(self, **{k: options.pop(k) for k in ("passes",) if k in options}), **options)
 
     def dims(self) -> set[str]:
         """Names of the symbolic dimensions used anywhere in the graph."""

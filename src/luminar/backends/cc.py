@@ -45,28 +45,48 @@ def cache_dir() -> Path:
 
 def build(source: str) -> Path:
     """The path of a shared object for `source`, compiling it unless it is cached."""
+    return build_many([source])[0]
+
+
+def build_many(sources: list[str]) -> list[Path]:
+    """Shared objects for several sources; those not cached compile concurrently (one compiler
+    process each: the search builds its candidates this way, a few per translation unit)."""
     cc = compiler()
-    key = hashlib.sha256("\0".join([cc, *FLAGS, *LIBS, source]).encode()).hexdigest()[:32]
-    target = cache_dir() / f"{key}.so"
-    if target.exists():
-        return target
+    keys = [hashlib.sha256("\0".join([cc, *FLAGS, *LIBS, source]).encode()).hexdigest()[:32] for source in sources]
+    targets = [cache_dir() / f"{key}.so" for key in keys]
+    todo = [k for k, target in enumerate(targets) if not target.exists()]
+    if not todo:
+        return targets
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        src = Path(tmp) / "kernels.c"
-        src.write_text(source)
-        out = Path(tmp) / "kernels.so"
-        proc = subprocess.run([cc, *FLAGS, str(src), "-o", str(out), *LIBS], capture_output=True, text=True)
-        if proc.returncode != 0:
-            kept = cache_dir() / f"{key}.failed.c"
-            kept.write_text(source)
-            raise CompilerError(f"{cc} failed on generated source (kept at {kept}):\n{proc.stderr[-4000:]}")
-        os.replace(out, target)  # atomic: readers see no file or a whole one
-    return target
+        jobs = []
+        for k in todo:
+            src, out = Path(tmp) / f"kernels{k}.c", Path(tmp) / f"kernels{k}.so"
+            src.write_text(sources[k])
+            command = [cc, *FLAGS, str(src), "-o", str(out), *LIBS]
+            if len(todo) == 1:
+                jobs.append((k, out, subprocess.run(command, capture_output=True, text=True)))
+            else:
+                jobs.append((k, out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        for k, out, proc in jobs:
+            stderr = proc.stderr if isinstance(proc, subprocess.CompletedProcess) else proc.communicate()[1]
+            if proc.returncode != 0:
+                kept = cache_dir() / f"{keys[k]}.failed.c"
+                kept.write_text(sources[k])
+                raise CompilerError(f"{cc} failed on generated source (kept at {kept}):\n{stderr[-4000:]}")
+            os.replace(out, targets[k])  # atomic: readers see no file or a whole one
+    return targets
 
 
 def load(source: str) -> ctypes.CDLL:
-    path = build(source)
-    try:
-        return ctypes.CDLL(str(path))
-    except OSError:  # a corrupt cache entry: rebuild it once
-        path.unlink(missing_ok=True)
-        return ctypes.CDLL(str(build(source)))
+    return load_many([source])[0]
+
+
+def load_many(sources: list[str]) -> list[ctypes.CDLL]:
+    libraries = []
+    for source, path in zip(sources, build_many(sources)):
+        try:
+            libraries.append(ctypes.CDLL(str(path)))
+        except OSError:  # a corrupt cache entry: rebuild it once
+            path.unlink(missing_ok=True)
+            libraries.append(ctypes.CDLL(str(build(source))))
+    return libraries

@@ -1,14 +1,18 @@
 """The CPU backend: the whole graph as one C translation unit, compiled once, called once.
 
-Each kernel becomes a C function with a loop nest over its output (outer loops split across
-threads with OpenMP, inner loops left to the compiler's vectorizer) and an accumulator loop
-per reduction; one entry point `lm_run(buffers, dims)` runs them in order. Symbolic dims are
-arguments, so a new sequence length needs no recompile. Temporaries live in one arena planned
-by liveness (compiler/memory.py). Shared objects are cached on disk by source hash.
+Each kernel becomes a C function whose loops follow a Schedule: the plain schedule (a loop per
+output dim, outer ones split across threads with OpenMP, an accumulator loop per reduction) or
+the tiled one for reductions with row x column structure (register tiles, packed panels, vector
+micro-kernels). `default_schedule` picks by rule; the search (compiler/search.py) by measuring.
+Kernels equal up to their buffers share one function. One entry point `lm_run(buffers, dims)`
+runs them in order. Symbolic dims are arguments, so a new sequence length needs no recompile.
+Temporaries live in one arena planned by liveness (compiler/memory.py). Shared objects are
+cached on disk by source hash.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import sys
 import time
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..compiler.kernels import (Apply, Const, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select,
-                                depends_on, flat_index, loads, lower, numel, walk)
+                                canonical_form, depends_on, flat_index, loads, lower, numel, split_reductions, walk)
 from ..compiler.memory import ALIGN, MemoryPlan, lifetimes, plan_memory
 from ..errors import UnsupportedError
 from ..ops import PRIMITIVES
@@ -33,6 +37,7 @@ PRELUDE = f"""\
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <omp.h>
 {C_HELPERS}
 /* vector variants from glibc's libmvec (what <math.h> declares only under -ffast-math) */
@@ -40,6 +45,28 @@ extern float exp2f(float) __attribute__((simd("notinbranch")));
 extern float log2f(float) __attribute__((simd("notinbranch")));
 extern float sinf(float) __attribute__((simd("notinbranch")));
 static inline float lm_bf16(unsigned short b) {{ union {{ uint32_t u; float f; }} v = {{ (uint32_t)b << 16 }}; return v.f; }}
+/* exp2 as inline arithmetic rather than libmvec's exp2f: that one takes a slow per-lane path for
+   results outside the normal floats (masked attention scores below -126 made a causal softmax
+   ~10x slower), and gcc cannot be kept from calling it on such lanes. 2^x = 2^f * 2^n with n =
+   rint(x), 2^f by a degree-6 polynomial on [-0.5, 0.5] (fitted here; relative error < 8e-8, about
+   1 ulp), 2^n added to the exponent bits (results below 2^-62 scaled by 2^-64 in one rounding, so
+   subnormal results are right too). Overflow gives inf, underflow 0, NaN stays NaN. */
+static inline float lm_exp2(float x) {{
+    const int32_t big = x > 128.0f, small = x < -150.0f;
+    const float n = rintf(x);
+    const float f = big | small ? 0.0f : x - n;
+    const int32_t e = big ? 128 : (small ? -150 : (int32_t)n), tiny = e < -62;
+    float p = 0.00015345806605182588f;
+    p = p * f + 0.0013399932067841291f;
+    p = p * f + 0.009618489071726799f;
+    p = p * f + 0.05550328642129898f;
+    p = p * f + 0.24022646248340607f;
+    p = p * f + 0.6931471824645996f;
+    p = p * f + 1.0f;
+    union {{ float f; int32_t i; }} q = {{ p }};
+    q.i += (e + (tiny ? 64 : 0)) * (1 << 23);
+    return x != x ? x : q.f * (tiny ? 5.421010862427522e-20f : 1.0f);
+}}
 """
 
 
@@ -54,9 +81,10 @@ def render_float(v: float) -> str:
 class _Emitter:
     """Turns an IR expression into C statements, naming each distinct subexpression once."""
 
-    def __init__(self, program: KernelProgram, indent: str, threaded_reduce: bool = False):
+    def __init__(self, program: KernelProgram, indent: str, threaded_reduce: bool = False, lanes: int = 1):
         self.program, self.indent = program, indent
         self.threaded_reduce = threaded_reduce  # split the first reduction across threads (scalar outputs)
+        self.lanes = lanes  # partial accumulators of innermost reductions (Schedule.lanes)
         self.lines: list[str] = []
         self.names: dict = {}
         self.count = 0
@@ -74,6 +102,8 @@ class _Emitter:
             code = f"(float)({e.expr.render_c()})"
         elif isinstance(e, Load):
             code = self.load(e)
+        elif isinstance(e, Apply) and e.op == "exp2":
+            code = f"lm_exp2({self.emit(e.args[0])})"
         elif isinstance(e, Apply):
             code = _power_of_two_mod(e, self) or PRIMITIVES[e.op].c.format(*(self.emit(a) for a in e.args))
         elif isinstance(e, Select):
@@ -97,15 +127,29 @@ class _Emitter:
 
     def emit_block(self, e) -> str:
         """Emit `e` one level deeper (inside a loop or an if), reusing values already computed here."""
-        inner = _Emitter(self.program, self.indent + "    ")
+        inner = _Emitter(self.program, self.indent + "    ", lanes=self.lanes)
         inner.names, inner.count = dict(self.names), self.count
         value = inner.emit(e)
         self.lines += inner.lines
         self.count = inner.count
         return value
 
+    def hoist(self, body, var: str):
+        """Emit the parts of `body` that do not depend on loop variable `var` here, before the loop
+        (loop-invariant code motion: a norm's reduction inside a matmul's body runs once per row)."""
+        if isinstance(body, Const) or body in self.names:
+            return
+        if var not in depends_on(body):
+            self.emit(body)
+        elif isinstance(body, Apply):
+            for a in body.args:
+                self.hoist(a, var)
+        elif isinstance(body, Select):
+            self.hoist(body.value, var)
+
     def reduce(self, e: Reduce) -> str:
         prim = PRIMITIVES[e.op]
+        self.hoist(e.body, e.var.name)
         acc = self.fresh("acc")
         self.lines.append(f"{self.indent}float {acc} = {render_float(prim.identity)};")
         if self.threaded_reduce:
@@ -113,11 +157,34 @@ class _Emitter:
             op = "+" if e.op == "sum_reduce" else "max"
             self.lines.append(f"{self.indent}#pragma omp parallel for reduction({op}:{acc}) schedule(static) "
                               f"if(({(e.extent * _reduce_work(e.body)).render_c()}) >= {PARALLEL_MIN_WORK})")
+        elif self.lanes > 1 and not any(isinstance(n, (Reduce, Gather)) for n in walk(e.body)):
+            return self.reduce_in_lanes(e, acc)
         self.lines.append(f"{self.indent}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; "
                           f"{e.var.name}++) {{")
         value = self.emit_block(e.body)
         self.lines.append(f"{self.indent}    {acc} = {prim.c.format(acc, value)};")
         self.lines.append(f"{self.indent}}}")
+        return acc
+
+    def reduce_in_lanes(self, e: Reduce, acc: str) -> str:
+        """A split reduction: `lanes` independent partial accumulators (one vector of them), each
+        taking every lanes-th step, combined at the end; the remainder runs after. Independent
+        chains hide the latency of the combine, which is what bounds a single accumulator."""
+        prim, n, r, ind = PRIMITIVES[e.op], self.lanes, e.var.name, self.indent
+        part, main = self.fresh("lane"), self.fresh("main")
+        self.lines += [f"{ind}float {part}[{n}];", f"{ind}for (int l = 0; l < {n}; l++) {part}[l] = {render_float(prim.identity)};",
+                       f"{ind}const long long {main} = ({e.extent.render_c()}) / {n} * {n};",
+                       f"{ind}for (long long {r}0 = 0; {r}0 < {main}; {r}0 += {n}) {{", f"{ind}    #pragma omp simd",
+                       f"{ind}    for (int l = 0; l < {n}; l++) {{", f"{ind}        const long long {r} = {r}0 + l;"]
+        inner = _Emitter(self.program, ind + "        ")
+        inner.names, inner.count = dict(self.names), self.count
+        value = inner.emit(e.body)
+        self.count = inner.count
+        self.lines += inner.lines + [f"{ind}        {part}[l] = {prim.c.format(f'{part}[l]', value)};", f"{ind}    }}", f"{ind}}}",
+                                     f"{ind}for (int l = 0; l < {n}; l++) {acc} = {prim.c.format(acc, f'{part}[l]')};",
+                                     f"{ind}for (long long {r} = {main}; {r} < {e.extent.render_c()}; {r}++) {{"]
+        value = self.emit_block(e.body)
+        self.lines += [f"{ind}    {acc} = {prim.c.format(acc, value)};", f"{ind}}}"]
         return acc
 
     def gather(self, e: Gather) -> str:
@@ -146,8 +213,61 @@ def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
     return f"({a} - truncf({a} * {render_float(1.0 / b)}) * {render_float(b)})"
 
 
-def render_kernel(program: KernelProgram, kernel: Kernel) -> str:
-    """One C function computing `kernel` over its whole output."""
+TILE_ROWS, TILE_COLS, ROW_CHUNK = 8, 32, 64  # the default register tile and row block
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one kernel's loops run; `render_kernel` follows it. The IR says what is computed, the
+    schedule how: the default is chosen by rules (`default_schedule`), the search picks others.
+
+    kind "loops" (any kernel): a loop per output dim, each reduction a loop inside.
+      parallel  how many outer output loops are split across threads (collapsed); 0 = one thread;
+                for a scalar output, 1 splits its reduction across threads
+      lanes     innermost reductions keep this many partial accumulators (a split reduction)
+      simd      the innermost output loop carries `omp simd` (vectorize it, for kernels without
+                a reduction)
+    kind "tiled" (a reduction with row x column structure, see `plan_tiles`): register tiles of
+      ti rows x tj columns with the reduction loop outside the tile, panel operands (what depends
+      on the column and the reduction, not the row) copied into a contiguous local buffer.
+      mc        rows per row block; kc reduction steps per reduction block (0 = unblocked)
+      order     the block loops outer to inner: "j" column blocks, "i" row blocks, "k" reduction
+                blocks, "p" where the panels are packed; capitals run across threads (collapsed
+                with the batch dims), e.g. "JIp", "Jpi" (the defaults), "kJpi"
+      vector    the micro-kernel uses GCC vector types (needs tj % 16 == 0 and a body that is one
+                row value times one panel value)
+      min_rows  fewer rows than this at run time (a symbolic dim) run the "loops" schedule instead
+                (a matrix-vector product has nothing to tile)
+      pack_rows the row operands (what depends on the row and the reduction, not the column: a
+                normalized input) are computed once for all rows into a buffer before the tiles,
+                instead of once per column block
+    """
+    kind: str = "loops"
+    parallel: int = 1
+    lanes: int = 1
+    simd: bool = False
+    ti: int = TILE_ROWS
+    tj: int = TILE_COLS
+    mc: int = ROW_CHUNK
+    kc: int = 0
+    order: str = "JIp"
+    vector: bool = False
+    min_rows: int = 0
+    pack_rows: bool = False
+
+    def describe(self) -> str:
+        if self.kind == "loops":
+            extra = "".join([f" lanes={self.lanes}" if self.lanes > 1 else "", " simd" if self.simd else ""])
+            return f"loops parallel={self.parallel}{extra}"
+        kblock = f" kc={self.kc}" if self.kc else ""
+        rows = f" (loops below {self.min_rows} rows)" if self.min_rows else ""
+        return (f"tiled {self.ti}x{self.tj} mc={self.mc}{kblock} order={self.order}"
+                f"{' vector' if self.vector else ''}{' rows packed' if self.pack_rows else ''}{rows}")
+
+
+def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | None = None) -> str:
+    """One C function computing `kernel` over its whole output, as `schedule` says (default: the rules')."""
+    schedule = schedule or default_schedule(kernel)
     used = sorted({load.buffer for load in loads(kernel.value)} | {kernel.out})
     lines = [f"static void {kernel.name}(void **restrict bufs, const long long *restrict dims) {{"]
     lines += [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
@@ -155,51 +275,110 @@ def render_kernel(program: KernelProgram, kernel: Kernel) -> str:
         ctype = C_TYPES[program.buffers[b].dtype]
         const = "" if b == kernel.out else "const "
         lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
-    tiles = plan_tiles(kernel)
-    lines += render_tiled(program, kernel, tiles) if tiles else render_loops(program, kernel)
+    plan = plan_tiles(kernel) if schedule.kind == "tiled" else None
+    if plan is None:
+        lines += render_loops(program, kernel, schedule if schedule.kind == "loops" else default_loops(kernel))
+    elif schedule.min_rows and plan.i is not None and not kernel.shape[-2].is_const:
+        lines.append(f"    if (({kernel.shape[-2].render_c()}) < {schedule.min_rows}) {{")
+        lines += render_loops(program, kernel, default_loops(kernel))
+        lines += ["    } else {"] + render_tiled(program, kernel, plan, schedule) + ["    }"]
+    else:
+        lines += render_tiled(program, kernel, plan, schedule)
     return "\n".join(lines + ["}"])
 
 
-def render_loops(program: KernelProgram, kernel: Kernel) -> list[str]:
+def default_loops(kernel: Kernel) -> Schedule:
+    """The plain schedule's rule: thread every output loop of a reduction kernel, and all but
+    the innermost of an elementwise one (keep it whole for the vectorizer); a matrix-vector
+    product (one output row) can only split its columns."""
+    rank = len(kernel.shape)
+    has_reduce = any(isinstance(n, Reduce) for n in walk(kernel.value))
+    # (a scalar output has no loop to thread; parallel=1 then splits its first reduction)
+    return Schedule("loops", parallel=max(rank, 1) if has_reduce else max(rank - 1, 1 if rank else 0))
+
+
+def default_schedule(kernel: Kernel) -> Schedule:
+    """The rule-chosen schedule (no search): tiles when a reduction has row x column structure.
+
+    A reduction that strides through an operand (the B of a matmul) always tiles. One whose
+    operands all run in order along the reduction (x @ W.T, a linear layer, also with quantized
+    W dequantized in the loop) tiles only from 4 rows on: its panel (W, dequantized once per
+    column block) is then reused by every row, while a single row (decoding) is a dot product
+    per output. (Measured here: a Q4_1 1536x576 linear over 512 rows runs ~20x faster tiled.)"""
+    plan = plan_tiles(kernel)
+    if plan is None:
+        return default_loops(kernel)
+    strided = any(_stride(ld.index, plan.reduce.var) not in (0, 1, None) for ld in loads(plan.reduce.body))
+    rows = kernel.shape[-2] if plan.i is not None else sym(1)
+    if not strided and (plan.i is None or not plan.rows or rows.is_const and rows.value < 4):
+        return default_loops(kernel)
+    ti, tj = (_tile(rows, TILE_ROWS) if plan.i is not None else 1), _tile(kernel.shape[-1], TILE_COLS)
+    cols, batched = kernel.shape[-1], len(kernel.shape) > 2
+    # Pack each column block's panel once and run every row through it ("Jpi"), threads taking
+    # column blocks: enough of them for the threads unless the batch dims are threaded too. With
+    # few columns, threads take (column block, row block) pairs and each packs its own ("JIp").
+    order = "Jpi" if batched or not cols.is_const or cols.value >= 8 * tj else "JIp"
+    vector = tj % 16 == 0 and vector_body(plan) is not None
+    # rows that cost more than a load (an input normalized on the fly) are computed once, not per column block
+    pack_rows = plan.i is not None and any(not isinstance(e, Load) for e in plan.rows) and \
+        not (cols.is_const and cols.value <= tj)
+    return Schedule("tiled", ti=ti, tj=tj, mc=ROW_CHUNK, order=order, vector=vector,
+                    min_rows=0 if strided or rows.is_const else 4, pack_rows=pack_rows)
+
+
+def render_loops(program: KernelProgram, kernel: Kernel, schedule: Schedule) -> list[str]:
     """The plain schedule: a loop per output dim (outer ones threaded), reductions innermost."""
     lines, loop_vars = [], kernel.loop_vars
-    if kernel.shape:
+    value = split_reductions(kernel.value)
+    if kernel.shape and schedule.parallel:
         work = numel(kernel.shape) * _reduce_work(kernel.value)
-        # keep the innermost loop whole for the vectorizer, unless a reduction is innermost anyway
-        # (a matrix-vector product has a single output row: only its columns can be split)
-        depth = len(kernel.shape) if work != numel(kernel.shape) else max(len(kernel.shape) - 1, 1)
-        lines.append(f"    #pragma omp parallel for collapse({depth}) schedule(static) "
-                     f"if(({work.render_c()}) >= {PARALLEL_MIN_WORK})")
-    for var, extent in zip(loop_vars, kernel.shape):
+        lines.append(f"    #pragma omp parallel for collapse({min(schedule.parallel, len(kernel.shape))}) "
+                     f"schedule(static) if(({work.render_c()}) >= {PARALLEL_MIN_WORK})")
+    for k, (var, extent) in enumerate(zip(loop_vars, kernel.shape)):
+        if schedule.simd and k == len(loop_vars) - 1 and k >= schedule.parallel:
+            lines.append("    #pragma omp simd")
         lines.append(f"    for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
     lines.append("    {")
-    emitter = _Emitter(program, "        ", threaded_reduce=not kernel.shape)
-    value = emitter.emit(kernel.value)
+    emitter = _Emitter(program, "        ", threaded_reduce=not kernel.shape and schedule.parallel > 0,
+                       lanes=schedule.lanes)
+    result = emitter.emit(value)
     lines += emitter.lines
-    lines.append(f"        b{kernel.out}[{flat_index(loop_vars, kernel.shape).render_c()}] = {value};")
+    lines.append(f"        b{kernel.out}[{flat_index(loop_vars, kernel.shape).render_c()}] = {result};")
     lines.append("    }")
     return lines
 
 
+def render_oracle(program: KernelProgram, kernel: Kernel) -> str:
+    """`lm_oracle(bufs, dims, which, count, out)`: the kernel's value at `count` flat output
+    positions `which`, each computed on its own by the plain loop body (no tiling, no threads) --
+    the semantics search candidates are checked against, affordable for any output size."""
+    used = sorted({load.buffer for load in loads(kernel.value)})
+    lines = ["void lm_oracle(void **restrict bufs, const long long *restrict dims, const long long *restrict which, "
+             "long long count, float *restrict out) {"]
+    lines += [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
+    lines += [f"    const {C_TYPES[program.buffers[b].dtype]} *restrict b{b} = bufs[{b}];" for b in used]
+    lines += ["    for (long long n = 0; n < count; n++) {", "        long long flat = which[n]; (void)flat;"]
+    for var, extent in reversed(list(zip(kernel.loop_vars, kernel.shape))):
+        lines.append(f"        const long long {var.name} = flat % ({extent.render_c()}); flat /= ({extent.render_c()});")
+    emitter = _Emitter(program, "        ")
+    value = emitter.emit(split_reductions(kernel.value))
+    return "\n".join(lines + emitter.lines + [f"        out[n] = {value};", "    }", "}"])
+
+
 # -- the tiled reduction schedule ----------------------------------------------------------------
-TILE_ROWS, TILE_COLS, ROW_CHUNK = 8, 32, 64
-
-
 @dataclass
 class TilePlan:
-    """Register tiles of TI output rows x TJ output columns, the reduction loop outside the tile.
+    """The row x column structure of a kernel's reduction, which tiled schedules exploit.
 
-    Used when a reduction reads some operand with a non-unit stride along the reduced axis (the B
-    of a matmul): reducing innermost would then stride through memory. Instead each step of the
-    reduction updates a TI x TJ block of accumulators from TI row values (depend on the row, not
-    the column) and TJ panel values (depend on the column, not the row), which are first copied
-    into a contiguous panel buffer, so the inner loop is a unit-stride, vectorizable FMA.
+    Each step of the reduction updates a block of accumulators (rows x columns of the output)
+    from row values (subtrees of the body that depend on the row, not the column) and panel
+    values (depend on the column, not the row). Panels are computed once per column block into
+    a contiguous buffer (packing: a dequantized weight is dequantized once per block, a strided
+    B is read in order), so the inner loop is a unit-stride, vectorizable update.
     """
     reduce: Reduce
     i: Var | None  # the tile's row variable (second-innermost output dim), None for 1-d outputs
     j: Var  # the tile's column variable (innermost output dim)
-    ti: int
-    tj: int
     rows: list  # IR subtrees that depend on the row (and reduction), not the column
     panels: list  # IR subtrees that depend on the column (and reduction), not the row
 
@@ -211,19 +390,17 @@ def _stride(index: Expr, var: Var):
 
 
 def plan_tiles(kernel: Kernel) -> TilePlan | None:
+    """The kernel's TilePlan, or None: it needs exactly one reduction, with no reduction or
+    gather inside its body, and whatever stays in the inner loop (neither row nor panel) must
+    run in order along the columns."""
     reduces = [n for n in walk(kernel.value) if isinstance(n, Reduce)]
-    if len(reduces) != 1 or not kernel.shape:
+    if len(reduces) != 1 or not kernel.shape or any(isinstance(n, Gather) for n in walk(kernel.value)):
         return None
     red = reduces[0]
-    body_loads = loads(red.body)
     if any(isinstance(n, Reduce) for n in walk(red.body)):
         return None
-    if all(_stride(ld.index, red.var) in (0, 1) for ld in body_loads):
-        return None  # reducing innermost already walks memory in order
     loop_vars = kernel.loop_vars
     i, j = (loop_vars[-2] if len(loop_vars) > 1 else None), loop_vars[-1]
-    if any(_stride(ld.index, j) not in (0, 1) for ld in body_loads):
-        return None
     rows, panels = [], []
 
     def split(e):
@@ -241,76 +418,221 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
             split(e.value)
     split(red.body)
     rows, panels = list(dict.fromkeys(rows)), list(dict.fromkeys(panels))
-    ti = _tile(kernel.shape[-2], TILE_ROWS) if i is not None else 1
-    return TilePlan(red, i, j, ti, _tile(kernel.shape[-1], TILE_COLS), rows, panels)
+    named = dict.fromkeys(rows + panels, "")
+    inner = [ld for ld in loads(red.body) if _inside_unnamed(red.body, ld, named)]
+    if any(_stride(ld.index, j) not in (0, 1) for ld in inner):
+        return None
+    return TilePlan(red, i, j, rows, panels)
+
+
+def _inside_unnamed(e, target, named) -> bool:
+    """Whether `target` occurs in `e` outside the subtrees in `named`."""
+    if e in named:
+        return False
+    if e == target:
+        return True
+    children = e.args if isinstance(e, Apply) else (e.value,) if isinstance(e, Select) else ()
+    return any(_inside_unnamed(c, target, named) for c in children)
 
 
 def _tile(extent: Expr, preferred: int) -> int:
     return min(preferred, extent.value) if extent.is_const and extent.value > 0 else preferred
 
 
-def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan) -> list[str]:
-    red, i, j, ti, tj = plan.reduce, plan.i, plan.j, plan.ti, plan.tj
+def vector_body(plan: TilePlan):
+    """(row, panel) when the reduction body is one row value times one panel value summed (a
+    matmul, also with a dequantized weight): what the vector micro-kernel computes; else None."""
+    body = plan.reduce.body
+    if plan.reduce.op != "sum_reduce" or len(plan.rows) != 1 or len(plan.panels) != 1:
+        return None
+    if not (isinstance(body, Apply) and body.op == "mul" and set(body.args) == {plan.rows[0], plan.panels[0]}):
+        return None
+    return plan.rows[0], plan.panels[0]
+
+
+def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Schedule) -> list[str]:
+    """Loops: batch dims, then the block loops of `s.order` (the capitals threaded, collapsed with
+    the batch dims; a leading serial "k" outside them), panels packed at "p"; inside, tiles of
+    ti rows step through the row block, each accumulating ti x tj outputs over the reduction
+    block. With reduction blocks the output holds partial results between blocks and the
+    kernel's epilogue (whatever follows the reduction) runs after the last one."""
+    red, i, j = plan.reduce, plan.i, plan.j
+    ti, tj, kc = (s.ti if i is not None else 1), s.tj, s.kc
+    mc = max(s.mc // ti, 1) * ti
     rows_n, cols_n, k_n = (kernel.shape[-2] if i is not None else sym(1)), kernel.shape[-1], red.extent
-    r, k_c = red.var.name, red.extent.render_c()
-    outer = list(zip(kernel.loop_vars[:-2 if i is not None else -1], kernel.shape))
+    r, K, M, N = red.var.name, red.extent.render_c(), rows_n.render_c(), cols_n.render_c()
     prim = PRIMITIVES[red.op]
+    batch = list(zip(kernel.loop_vars[:-2 if i is not None else -1], kernel.shape))
+    span = str(kc) if kc else K  # reduction steps per block: the panel buffer's length
+    k_lo, k_hi = ("k0", f"(k0 + {kc} < {K} ? k0 + {kc} : {K})") if kc else ("0", K)
+    vec = vector_body(plan) if s.vector and tj % 16 == 0 else None
     npan = len(plan.panels)
+    order = s.order if kc else s.order.replace("k", "").replace("K", "")
+    outside = order[:len(order) - len(order.lstrip("k"))]  # a leading serial reduction block loop
+    body = order[len(outside):]
+    threaded = body[:len(body) - len(body.lstrip("JIK"))]
+    check_tile_order(order, bool(kc), bool(plan.panels))
+    header = {"j": f"for (long long j0 = 0; j0 < {N}; j0 += {tj})",
+              "i": f"for (long long ic = 0; ic < {M}; ic += {mc})",
+              "k": f"for (long long k0 = 0; k0 < {K}; k0 += {kc})"}
 
     def clamp(var, base, offset, extent, tile):
         if extent.is_const and extent.value % tile == 0:
             return f"const long long {var.name} = {base} + {offset};"
-        return f"const long long {var.name} = {base} + {offset} < {extent.render_c()} ? {base} + {offset} : {extent.render_c()} - 1;"
+        return (f"const long long {var.name} = {base} + {offset} < {extent.render_c()} ? {base} + {offset} : "
+                f"{extent.render_c()} - 1;")
 
-    work = numel(kernel.shape) * k_n
-    out = [f"    #pragma omp parallel if(({work.render_c()}) >= {PARALLEL_MIN_WORK})", "    {"]
-    if npan:
-        out.append(f"    float *restrict pan = (float *)malloc(sizeof(float) * (size_t)({k_c}) * {tj * npan});")
-    out.append(f"    #pragma omp for collapse({len(outer) + 2}) schedule(static)")
-    for var, extent in outer:
+    work, threads = numel(kernel.shape) * k_n, len(batch) + len(threaded)
+    out, row_names = [], {}
+    if s.pack_rows and plan.rows and i is not None:
+        out, row_names = _pack_rows(program, kernel, plan, batch, i, rows_n, r, K)
+    # one thread when no loop is threaded: every thread would otherwise run the whole nest
+    when = f"({work.render_c()}) >= {PARALLEL_MIN_WORK}" if threads else "0"
+    out += [f"    #pragma omp parallel if({when})", "    {"]
+    if npan:  # 64-byte aligned: the vector micro-kernel loads whole rows of the panel
+        out.append(f"    float *restrict pan = (float *)aligned_alloc(64, (sizeof(float) * (size_t)({span}) * "
+                   f"{tj * npan} + 63) / 64 * 64);")
+    depth = 0
+    for c in outside:
+        out.append("    " + header["k"] + " {")
+        depth += 1
+    if threads:
+        out.append(f"    #pragma omp for collapse({threads}) schedule(static)")
+    for var, extent in batch:
         out.append(f"    for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
-    out.append(f"    for (long long j0 = 0; j0 < {cols_n.render_c()}; j0 += {tj})")
-    out.append(f"    for (long long ic = 0; ic < {rows_n.render_c()}; ic += {ROW_CHUNK}) {{")
-    if npan:  # copy (and convert/compute) the panel operands once per column block
-        out += [f"      for (long long {r} = 0; {r} < {k_c}; {r}++)",
-                "        #pragma omp simd", f"        for (long long jj = 0; jj < {tj}; jj++) {{",
-                f"          {clamp(j, 'j0', 'jj', cols_n, tj)}"]
-        em = _Emitter(program, "          ")
-        for p, node in enumerate(plan.panels):
-            out_v = em.emit(node)
-            em.lines.append(f"          pan[({p} * {k_c} + {r}) * {tj} + jj] = {out_v};")
-        out += em.lines + ["        }"]
-    out.append(f"      for (long long i0 = ic; i0 < ic + {ROW_CHUNK} && i0 < {rows_n.render_c()}; i0 += {ti}) {{")
-    out.append(f"        float acc[{ti}][{tj}];")
-    out.append(f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) "
-               f"acc[ii][jj] = {render_float(prim.identity)};")
-    out.append(f"        for (long long {r} = 0; {r} < {k_c}; {r}++) {{")
-    names = {node: f"pan[({p} * {k_c} + {r}) * {tj} + jj]" for p, node in enumerate(plan.panels)}
-    if plan.rows:
-        out.append("          " + " ".join(f"float row{q}[{ti}];" for q in range(len(plan.rows))))
-        out.append(f"          #pragma GCC unroll {ti}")
-        out.append(f"          for (int ii = 0; ii < {ti}; ii++) {{")
-        if i is not None:
-            out.append(f"            {clamp(i, 'i0', 'ii', rows_n, ti)}")
-        em = _Emitter(program, "            ")
-        for q, node in enumerate(plan.rows):
-            em.lines.append(f"            row{q}[ii] = {em.emit(node)};")
-        out += em.lines + ["          }"]
-        names.update({node: f"row{q}[ii]" for q, node in enumerate(plan.rows)})
+    for c in order[len(outside):]:
+        if c == "p":
+            if npan:
+                out += _pack(program, plan, r, k_lo, k_hi, span, tj, clamp(j, "j0", "jj", cols_n, tj))
+            continue
+        out.append("    " + header[c.lower()] + " {")
+        depth += 1
+    out.append(f"      for (long long i0 = ic; i0 < ic + {mc} && i0 < {M}; i0 += {ti}) {{")
+    pan_at = {node: f"pan[({p} * {span} + {r} - {k_lo}) * {tj} + jj]" for p, node in enumerate(plan.panels)}
+    row_clamp = clamp(i, "i0", "ii", rows_n, ti) if i is not None else ""
+    if vec:
+        out += _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row_names)
+    else:
+        out += _generic_tile(program, plan, prim, ti, tj, r, k_lo, k_hi, pan_at, row_clamp,
+                             clamp(j, "j0", "jj", cols_n, tj), row_names)
+    out += _store_tile(program, kernel, plan, prim, ti, tj, kc, K)
+    out.append("      }")
+    out += ["    }"] * depth
+    if npan:
+        out.append("    free(pan);")
+    out.append("    }")
+    return out + (["    free(rowbuf);"] if row_names else [])
+
+
+def _pack_rows(program, kernel, plan, batch, i, rows_n, r, K) -> tuple[list[str], dict]:
+    """Before the tiles: every row operand at every (batch, row, reduction step), in parallel."""
+    nrows, where = len(plan.rows), flat_index([v for v, _ in batch] + [i], [x for _, x in batch] + [rows_n])
+    total = numel([x for _, x in batch] + [rows_n])
+    at = lambda q: f"rowbuf[(({where.render_c()}) * {nrows} + {q}) * {K} + {r}]"  # noqa: E731
+    out = [f"    float *restrict rowbuf = (float *)malloc(sizeof(float) * (size_t)({total.render_c()}) * {nrows} * {K});",
+           f"    #pragma omp parallel for collapse({len(batch) + 1}) schedule(static) "
+           f"if((({total.render_c()}) * {K}) >= {PARALLEL_MIN_WORK})"]
+    out += [f"    for (long long {v.name} = 0; {v.name} < {x.render_c()}; {v.name}++)" for v, x in batch]
+    out += [f"    for (long long {i.name} = 0; {i.name} < {rows_n.render_c()}; {i.name}++)",
+            f"      for (long long {r} = 0; {r} < {K}; {r}++) {{"]
+    em = _Emitter(program, "        ")
+    for q, node in enumerate(plan.rows):
+        em.lines.append(f"        {at(q)} = {em.emit(node)};")
+    return out + em.lines + ["      }"], {node: at(q) for q, node in enumerate(plan.rows)}
+
+
+def check_tile_order(order: str, blocked: bool, packs: bool) -> None:
+    """Raise ValueError unless `order` is a valid Schedule.order (see Schedule)."""
+    order = order if packs else order.replace("p", "")  # nothing to pack: p is moot
+    letters = order.lower()
+    want = sorted("ij" + ("k" if blocked else "") + ("p" if packs else ""))
+    body = order[len(order) - len(order.lstrip("k")):]
+    rest = body.lstrip("JIK")
+    if sorted(letters) != want or "P" in order or any(c.isupper() for c in rest) \
+            or packs and any(letters.index(c) > letters.index("p") for c in "jk" if c in letters):
+        raise ValueError(f"invalid tile order {order!r}: want each of {''.join(want)} once, the threaded (capital) "
+                         f"loops first (after a serial leading k), and p after j and k")
+
+
+def _pack(program, plan, r, k_lo, k_hi, span, tj, j_clamp) -> list[str]:
+    """Copy (compute) the panel operands of this column block, reduction block into `pan`."""
+    out = [f"      for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++)", "        #pragma omp simd",
+           f"        for (long long jj = 0; jj < {tj}; jj++) {{", f"          {j_clamp}"]
+    em = _Emitter(program, "          ")
+    for p, node in enumerate(plan.panels):
+        value = em.emit(node)
+        em.lines.append(f"          pan[({p} * {span} + {r} - {k_lo}) * {tj} + jj] = {value};")
+    return out + em.lines + ["        }"]
+
+
+def _rows(program, plan, ti, row_clamp, indent, row_names) -> tuple[list[str], dict]:
+    """Code computing (or, packed, reading) the row values of this reduction step for the tile's ti rows."""
+    if not plan.rows:
+        return [], {}
+    out = [indent + " ".join(f"float row{q}[{ti}];" for q in range(len(plan.rows))),
+           f"{indent}#pragma GCC unroll {ti}", f"{indent}for (int ii = 0; ii < {ti}; ii++) {{"]
+    if row_clamp:
+        out.append(f"{indent}  {row_clamp}")
+    em = _Emitter(program, indent + "  ")
+    em.names.update(row_names)
+    for q, node in enumerate(plan.rows):
+        em.lines.append(f"{indent}  row{q}[ii] = {em.emit(node)};")
+    return out + em.lines + [f"{indent}}}"], {node: f"row{q}[ii]" for q, node in enumerate(plan.rows)}
+
+
+def _generic_tile(program, plan, prim, ti, tj, r, k_lo, k_hi, pan_at, row_clamp, col_clamp, row_names) -> list[str]:
+    """The micro-kernel for any body: arrays of accumulators, `omp simd` over the tile's columns."""
+    red, i, j = plan.reduce, plan.i, plan.j
+    out = [f"        float acc[{ti}][{tj}];",
+           f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) "
+           f"acc[ii][jj] = {render_float(prim.identity)};",
+           f"        for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++) {{"]
+    row_lines, names = _rows(program, plan, ti, row_clamp, "          ", row_names)
+    out += row_lines
+    names.update(pan_at)
     out += [f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{",
             "            #pragma omp simd", f"            for (int jj = 0; jj < {tj}; jj++) {{"]
     em = _Emitter(program, "              ")
     em.names.update(names)
     inner_deps = _deps_outside(red.body, names)
     if i is not None and i.name in inner_deps:
-        em.lines.append(f"              {clamp(i, 'i0', 'ii', rows_n, ti)}")
+        em.lines.append(f"              {row_clamp}")
     if j.name in inner_deps:
-        em.lines.append(f"              {clamp(j, 'j0', 'jj', cols_n, tj)}")
+        em.lines.append(f"              {col_clamp}")
     value = em.emit(red.body)
-    out += em.lines + [f"              acc[ii][jj] = {prim.c.format('acc[ii][jj]', value)};", "            }", "          }",
-                       "        }"]
-    # store, applying whatever elementwise work follows the reduction in this kernel
-    out.append(f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) {{")
+    return out + em.lines + [f"              acc[ii][jj] = {prim.c.format('acc[ii][jj]', value)};",
+                             "            }", "          }", "        }", "        float (*tile)[%d] = acc;" % tj]
+
+
+def _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row_names) -> list[str]:
+    """The micro-kernel for row x panel products: ti x tj/16 vector accumulators that stay in
+    registers, each step one broadcast row value times tj/16 panel vectors (fused multiply-adds)."""
+    row, _ = vec
+    nv = tj // 16
+    out = ["        typedef float lm_v16 __attribute__((vector_size(64)));",
+           f"        lm_v16 acc[{ti}][{nv}];",
+           f"        #pragma GCC unroll {ti * nv}",
+           f"        for (int q = 0; q < {ti * nv}; q++) acc[q / {nv}][q % {nv}] = (lm_v16){{0}};",
+           f"        for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++) {{",
+           f"          const lm_v16 *restrict pv = (const lm_v16 *)&pan[({r} - {k_lo}) * {tj}];",
+           f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{"]
+    if row_clamp:
+        out.append(f"            {row_clamp}")
+    em = _Emitter(program, "            ")
+    em.names.update(row_names)
+    a = em.emit(row)
+    out += em.lines + [f"            #pragma GCC unroll {nv}",
+                       f"            for (int v = 0; v < {nv}; v++) acc[ii][v] += {a} * pv[v];", "          }",
+                       "        }", f"        float tile[{ti}][{tj}];", "        memcpy(tile, acc, sizeof tile);"]
+    return out
+
+
+def _store_tile(program, kernel, plan, prim, ti, tj, kc, K) -> list[str]:
+    """Write the tile's in-bounds outputs: the epilogue applied to the total after the last
+    reduction block, the running partial (kept in the output) after the others."""
+    i, j = plan.i, plan.j
+    rows_n, cols_n = (kernel.shape[-2] if i is not None else sym(1)), kernel.shape[-1]
+    out = [f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) {{"]
     bounds = []
     if i is not None:
         out.append(f"          const long long {i.name} = i0 + ii;")
@@ -318,15 +640,17 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan) -> list
     out.append(f"          const long long {j.name} = j0 + jj;")
     bounds.append(f"{j.name} < {cols_n.render_c()}")
     out.append(f"          if ({' && '.join(bounds)}) {{")
+    target = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
+    total = "tile[ii][jj]"
     em = _Emitter(program, "            ")
-    em.names[red] = "acc[ii][jj]"
+    if kc:
+        out.append(f"            const float total = k0 == 0 ? {total} : {prim.c.format(target, total)};")
+        out.append(f"            if (k0 + {kc} < {K}) {target} = total; else {{")
+        total = "total"
+    em.names[plan.reduce] = total
     value = em.emit(kernel.value)
-    out += em.lines + [f"            b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}] = {value};",
-                       "          }", "        }", "      }", "    }"]
-    if npan:
-        out.append("    free(pan);")
-    out.append("    }")
-    return out
+    out += em.lines + [f"            {target} = {value};"] + (["            }"] if kc else [])
+    return out + ["          }", "        }"]
 
 
 def _deps_outside(e, named: dict) -> frozenset:
@@ -340,12 +664,29 @@ def _deps_outside(e, named: dict) -> frozenset:
     return depends_on(e)
 
 
-def render_program(program: KernelProgram) -> str:
-    """All kernels plus two entry points: lm_run, and lm_run_profiled that also times each kernel."""
-    parts = [PRELUDE] + [render_kernel(program, k) for k in program.kernels]
-    calls = "\n".join(f"    {k.name}(bufs, dims);" for k in program.kernels)
-    timed = "\n".join(f"    t = omp_get_wtime(); {k.name}(bufs, dims); seconds[{i}] = omp_get_wtime() - t;"
-                      for i, k in enumerate(program.kernels))
+def render_program(program: KernelProgram, schedules: dict | None = None) -> str:
+    """All kernels plus two entry points: lm_run, and lm_run_profiled that also times each kernel.
+    `schedules` maps a kernel's name to its Schedule (missing: the default rules).
+
+    Kernels equal up to the buffers they touch (canonical_form) share one C function, called with
+    their own buffers: a model's repeated layers are compiled once, which keeps the source and
+    the C compiler's time (a cold start) small."""
+    schedules = schedules or {}
+    parts, functions, calls = [PRELUDE], {}, []
+    for kernel in program.kernels:
+        canon, ids = canonical_form(kernel)
+        schedule = schedules.get(kernel.name) or default_schedule(kernel)
+        key = (canon.value, canon.out, canon.shape, schedule, tuple(program.buffers[b].dtype for b in ids))
+        if key not in functions:
+            functions[key] = f"lm_f{len(functions)}_{kernel.name.split('_', 1)[-1]}"
+            view = dataclasses.replace(program, buffers=[dataclasses.replace(program.buffers[b], id=k)
+                                                         for k, b in enumerate(ids)])
+            parts.append(render_kernel(view, dataclasses.replace(canon, name=functions[key]), schedule))
+        args = ", ".join(f"bufs[{b}]" for b in ids)
+        calls.append(f"{{ void *args[] = {{{args}}}; {functions[key]}(args, dims); }} /* {kernel.name} */")
+    timed = "\n".join(f"    t = omp_get_wtime(); {call} seconds[{i}] = omp_get_wtime() - t;"
+                      for i, call in enumerate(calls))
+    calls = "\n".join(f"    {call}" for call in calls)
     parts.append(f"void lm_run(void **bufs, const long long *dims) {{\n{calls}\n}}\n")
     parts.append(f"void lm_run_profiled(void **bufs, const long long *dims, double *seconds) {{\n"
                  f"    double t; (void)t;\n{timed}\n}}\n")
@@ -370,13 +711,20 @@ class CPUProgram(Program):
     backend = "cpu"
     MAX_PLANS = 64  # memory plans kept for distinct dim values (a growing KV cache makes many)
 
-    def __init__(self, graph, **options):
+    def __init__(self, graph, search=None, search_dims=None, seed=0, **options):
+        """Options: `search` False (default; LUMINAR_SEARCH may turn it on), True (a default time
+        budget) or seconds; `search_dims` {dim: value} the shape bucket symbolic dims take while
+        searching (default 128 each); `seed` for the candidates sampled. See compiler/search.py."""
         super().__init__(graph)
         if options:
-            raise UnsupportedError(f"cpu backend: unknown options {sorted(options)}")
+            raise UnsupportedError(f"cpu backend: unknown options {sorted(options)}; "
+                                   f"known: search, search_dims, seed")
+        from ..compiler import search as search_module
         self.debug = int(os.environ.get("LUMINAR_DEBUG", "0") or 0)
         self.kernels = lower(graph)
-        self.source = render_program(self.kernels)
+        self.search = search_module.options(search, search_dims, seed, dims=self.kernels.dims)
+        self.choices = search_module.search_program(self.kernels, self.search) if self.search else {}
+        self.source = render_program(self.kernels, {name: c.schedule for name, c in self.choices.items()})
         started = time.perf_counter()
         self.library = cc.load(self.source)
         self.compile_seconds = time.perf_counter() - started
@@ -397,6 +745,12 @@ class CPUProgram(Program):
         if self.debug >= 1:
             print(f"[luminar] cpu: {len(self.kernels.kernels)} kernels, shared object ready in "
                   f"{self.compile_seconds * 1e3:.0f} ms", file=sys.stderr)
+
+    def explain(self) -> str:
+        """Text: each kernel's schedule and where it came from; with search, the candidates tried
+        with their times and the rewrites that turned the naive loop nest into the chosen one."""
+        from ..compiler.search import explain
+        return explain(self.kernels, self.choices, self.search)
 
     def memory_plan(self, env: dict[str, int], exact: bool = False) -> MemoryPlan:
         """The arena layout for these dim values. Calls plan for dims rounded up to a power of two,

@@ -243,6 +243,60 @@ def split_reduction(e):
     return body
 
 
+def split_reductions(e):
+    """Every reduction of `e` split by its index divisors (split_reduction), innermost first.
+
+    Done when a schedule renders the reduction as loops: the lowered IR keeps each reduction
+    whole (one variable over its full extent), which is what tiled schedules need to pack it."""
+    if isinstance(e, Reduce):
+        return split_reduction(Reduce(e.op, e.var, e.extent, split_reductions(e.body)))
+    if isinstance(e, Apply):
+        return Apply(e.op, tuple(split_reductions(a) for a in e.args))
+    if isinstance(e, Select):
+        return Select(e.cond, split_reductions(e.value))
+    if isinstance(e, Gather):
+        return Gather(e.var, split_reductions(e.index), e.extent, split_reductions(e.body))
+    return e
+
+
+def canonical_form(kernel: Kernel) -> tuple[Kernel, list[int]]:
+    """The kernel with its buffers renumbered 0, 1, .. in order of first use (the output last if
+    not read) and its reduction and gather variables renamed _r0, _r1, .. in order, plus the
+    original buffer ids by new number. Kernels that differ only in which buffers they touch (a
+    model's repeated layers) get equal canonical forms: the backend renders their code once."""
+    ids: list[int] = []
+    names: dict[str, Expr] = {}
+
+    def number(b: int) -> int:
+        if b not in ids:
+            ids.append(b)
+        return ids.index(b)
+
+    def expr(x: Expr) -> Expr:
+        return x.substitute(names) if names else x
+
+    def visit(e):
+        if isinstance(e, Load):
+            return Load(number(e.buffer), expr(e.index), expr(e.valid))
+        if isinstance(e, IndexValue):
+            return IndexValue(expr(e.expr))
+        if isinstance(e, Select):
+            return Select(expr(e.cond), visit(e.value))
+        if isinstance(e, Apply):
+            return Apply(e.op, tuple(visit(a) for a in e.args))
+        if isinstance(e, (Reduce, Gather)):
+            index = visit(e.index) if isinstance(e, Gather) else None
+            var = Var(f"_r{len(names)}", *e.var.bounds())
+            names[e.var.name] = var
+            body = visit(e.body)
+            if isinstance(e, Gather):
+                return Gather(var, index, expr(e.extent), body)
+            return Reduce(e.op, var, expr(e.extent), body)
+        return e
+    value = visit(kernel.value)
+    return Kernel(kernel.name, number(kernel.out), kernel.shape, value), ids
+
+
 def _one_minus_less_than(e):
     """(a, b) when e is 1 - less_than(a, b), as GraphTensor.le/ge spell it; else None."""
     if isinstance(e, Apply) and e.op == "add" and e.args[0] == Const(1.0):
@@ -374,7 +428,7 @@ class _Lowering:
             self.reduce_vars += 1
             src_idx = list(idx[:node.axis]) + [var] + list(idx[node.axis:])
             reduction = Reduce(prim.name, var, extent, self.read(src, tracker, src_idx, guard))
-            return unroll_short_reduction(split_reduction(gather_one_hot(reduction)))
+            return unroll_short_reduction(gather_one_hot(reduction))
         return apply(prim.name, *(self.read(s, t, idx, guard) for s, t in node.srcs))
 
 
