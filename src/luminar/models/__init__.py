@@ -27,15 +27,16 @@ __all__ = ["load", "LlamaModel", "LlamaConfig", "KVCache", "SamplingParams", "Sa
 
 
 def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None = None,
-         search: bool = False, **compile_options) -> LlamaModel:
+         search: bool | float | None = None, **compile_options) -> LlamaModel:
     """Load and compile a model: `path` None means the default model (SmolLM2-135M-Instruct).
 
     `progress(message)` is called with a line of text at each stage (reading, building,
-    compiling). `search` is accepted for the search compiler, which is not built yet: it has no
-    effect today. Other options go to `Graph.compile`. Missing, corrupt or truncated files raise
-    WeightFileError.
+    compiling). `search` (cpu backend: False, True or a budget in seconds; None defers to
+    LUMINAR_SEARCH) turns on the search compiler, whose choices are cached on disk. Other options
+    go to `Graph.compile`. Missing, corrupt or truncated files raise WeightFileError.
     """
-    del search  # the search compiler is a later issue; the default schedule is used
+    if search is not None:
+        compile_options["search"] = search
     from ..io.gguf import default_model_path
     say = progress or (lambda message: None)
     path = default_model_path() if path is None else os.fspath(path)
