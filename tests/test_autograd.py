@@ -226,6 +226,7 @@ CONVS = {
     "conv2d_groups": (lambda F, x, w: F.conv2d(x, w, groups=2), [rand(1, 4, 5, 5), rand(4, 2, 3, 3, seed=1)]),
     "conv2d_same": (lambda F, x, w: F.conv2d(x, w, padding="same"), [rand(2, 2, 5, 4), rand(3, 2, 3, 3, seed=1)]),
     "max_pool2d": (lambda F, x: F.max_pool2d(x, 2), [rand(1, 2, 6, 6)]),
+    "max_pool2d_tiles_transposed": (lambda F, x: F.max_pool2d(x.transpose(2, 3), (2, 3)), [rand(2, 2, 6, 4)]),
     "max_pool2d_overlapping_padded": (lambda F, x: F.max_pool2d(x, 3, stride=2, padding=1), [rand(2, 2, 7, 6)]),
     "avg_pool2d": (lambda F, x: F.avg_pool2d(x, 2), [rand(1, 2, 6, 6)]),
     "avg_pool2d_padded_exclude_pad": (lambda F, x: F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False),

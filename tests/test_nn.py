@@ -161,6 +161,14 @@ def test_linear_matches_torch(backend):
     assert_matches_torch(nn.Linear(5, 3), torch.nn.Linear(5, 3), rand(2, 4, 5), backend=backend)
 
 
+def test_linear_on_symbolic_leading_dims_matches_torch(backend):
+    """Linear views the leading dims as one axis of rows (for its weight gradient's sake), which
+    works when they are symbolic too."""
+    x = rand(3, 2, 4, 5)
+    assert_matches_torch(nn.Linear(5, 3), torch.nn.Linear(5, 3), x, backend=backend,
+                         symbolic={0: ("a", 2, "b", 5)})
+
+
 @pytest.mark.parametrize("options", [dict(stride=2, padding=1, groups=2), dict(dilation=2, bias=False),
                                      dict(padding="same")], ids=["strided-grouped", "dilated-no-bias", "same"])
 def test_conv2d_matches_torch(options, backend):
@@ -274,6 +282,33 @@ def test_multihead_attention_is_causal_builds_the_causal_mask():
     assert_matches_torch(nn.MultiheadAttention(8, 2, batch_first=True), theirs, x, x, x,
                          our_kwargs={"is_causal": True},
                          torch_kwargs={"attn_mask": torch.from_numpy(causal_mask(5)), "need_weights": False})
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_self_attention_output_and_gradients_match_torch(backend, bias):
+    """One tensor as query, key and value projects once with the packed weight: the same output
+    and the same gradients (input and every parameter) as torch's."""
+    x = rand(2, 5, 8)
+    ours = nn.MultiheadAttention(8, 2, bias=bias, batch_first=True)
+    theirs = randomized(torch.nn.MultiheadAttention(8, 2, bias=bias, batch_first=True))
+    ours.load_state_dict(theirs.state_dict())
+    g = lm.Graph()
+    xt = g.tensor("x", x.shape)
+    out, _ = ours(xt, xt, xt)
+    params = ours.parameter_tensors(g)
+    grads = lm.grad((out * out).sum(), [xt, *params.values()])
+    out.output("out")
+    for name, grad in zip(["x", *params], grads):
+        grad.output("d_" + name.replace(".", "_"))
+    result = g.compile(backend).set_inputs(ours.inputs(g))(x=x)
+    x_torch = torch.from_numpy(x).requires_grad_()
+    expected, _ = theirs(x_torch, x_torch, x_torch, need_weights=False)
+    (expected * expected).sum().backward()
+    np.testing.assert_allclose(result["out"], expected.detach().numpy(), rtol=1e-5, atol=1e-5)
+    torch_grads = {"x": x_torch.grad, **{n: p.grad for n, p in theirs.named_parameters()}}
+    assert set(torch_grads) == {"x", *params}
+    for name, expected_grad in torch_grads.items():
+        np.testing.assert_allclose(result["d_" + name.replace(".", "_")], expected_grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])

@@ -183,6 +183,14 @@ def test_max_pool2d(kernel, stride, padding, dilation, ceil_mode, backend):
               ceil_mode=ceil_mode), rand(2, 3, 8, 7), backend=backend)
 
 
+@pytest.mark.parametrize("kernel", [2, (2, 3), (4, 1)])
+def test_max_pool2d_with_windows_tiling_the_input(kernel, backend):
+    """stride == kernel over divisible sizes: the windows are a reshape of the input (also transposed)."""
+    pool = nnf("max_pool2d", kernel_size=kernel)
+    check(pool, rand(2, 3, 8, 6), backend=backend)
+    check(lambda x: pool(x.transpose(2, 3)), rand(2, 3, 6, 8), backend=backend)
+
+
 def test_max_pool2d_padding_never_wins_over_negative_inputs(backend):
     check(nnf("max_pool2d", kernel_size=3, stride=2, padding=1), rand(1, 2, 5, 5, low=-1e30, high=-1e29),
           backend=backend)

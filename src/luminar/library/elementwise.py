@@ -312,6 +312,14 @@ def erf(input):
     return _select(use, series, sign(input) * (1.0 - _erfc_nonnegative(absolute(input))))
 
 
+def _erfc_everywhere(input):
+    """erfc from the tail formula alone (erfc(-a) = 2 - erfc(a)): fractional error ~1.2e-7 for every
+    x, but near 0 that is an absolute error in erf, hence erf's and erfc's series there. GELU needs
+    erfc only near 1 and beyond, where this is as accurate, at half the ops (and half the backward)."""
+    tail = _erfc_nonnegative(absolute(input))
+    return tail + input.lt(0.0) * (2.0 - 2.0 * tail)
+
+
 def erfc(input):
     """torch.erfc: relative accuracy in the tail too (erfc(5) = 1.5e-12 is not 1 - erf(5))."""
     use, series = _erf_near_zero(input)
@@ -351,11 +359,12 @@ def celu(input, alpha=1.0):
 def gelu(input, approximate="none"):
     """F.gelu: x * Phi(x) with the exact normal CDF ('none'), or the tanh approximation ('tanh').
 
-    'none' uses 0.5 * x * erfc(-x / sqrt(2)), accurate in the far negative tail too. 'tanh' uses
-    0.5 * (1 + tanh(z)) = sigmoid(2z), the same function without cancellation.
+    'none' uses 0.5 * x * erfc(-x / sqrt(2)), accurate in the far negative tail too; erfc comes from
+    its tail formula alone (no series branch, so a cheaper forward and backward: _erfc_everywhere).
+    'tanh' uses 0.5 * (1 + tanh(z)) = sigmoid(2z), the same function without cancellation.
     """
     if approximate == "none":
-        return 0.5 * input * erfc(input * -math.sqrt(0.5))
+        return 0.5 * input * _erfc_everywhere(input * -math.sqrt(0.5))
     if approximate == "tanh":
         inner = math.sqrt(2.0 / math.pi) * (input + 0.044715 * input * input * input)
         return input * sigmoid(2.0 * inner)

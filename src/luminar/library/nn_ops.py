@@ -1,9 +1,13 @@
 """torch.nn.functional's normalizations, convolutions and pooling, composed from view ops and primitives.
 
-Convolution and pooling never copy data into columns (no im2col): `pad` and `unfold` are views,
-so a convolution is one broadcast multiply of the windowed input against the weight, summed over
-(in-channels, kernel positions). Groups split the channel axis into (groups, channels / groups).
-The compiler is responsible for turning that multiply-sum into a fast kernel.
+Convolution and pooling read their windows through views (`pad` and `unfold`). A convolution is
+a matmul of the columns (N * positions, in-channels * kernel positions), a reshape of the
+windowed input, against the flattened weight: the reshape is a Contiguous node the compiler
+fuses into its readers (im2col in the index math, not a buffer), and the matmul form makes each
+of the three products of training one flat reduction: the forward over in-channels x kernel, the
+weight gradient over N * positions, the input gradient over out-channels. (A broadcast product
+laid out (N, out-channels, *positions, ...) would make the weight gradient a nested sum over
+batch and positions, which schedules far worse.) Groups are the matmul's batch axis.
 
 Shapes follow torch: N-d ops take batched (N, C, *spatial) or unbatched (C, *spatial) input.
 """
@@ -166,11 +170,13 @@ def _conv(op: str, n: int, input, weight, bias, stride, padding, dilation, group
     x = _windows(_pad_spatial(x, pads), kernel, stride, dilation, op)  # (N, C, *out, *kernel)
     batch, out_sizes = x.dims[0], x.dims[2:2 + n]
     x = x.reshape(batch, groups, in_per_group, *out_sizes, *kernel)
-    # reduced axes (channels in the group, kernel positions) go last; a new axis for out-channels
-    x = x.permute(0, 1, *range(3, 3 + n), 2, *range(3 + n, 3 + 2 * n)).unsqueeze(2)
-    w = weight.reshape(1, groups, out_ch // groups, *([1] * n), in_per_group, *kernel)
-    out = (x * w).sum(tuple(range(-(n + 1), 0)))  # (N, groups, out/groups, *out)
-    out = out.reshape(batch, out_ch, *out_sizes)
+    # columns (groups, N * positions, in/groups * kernel) times weight (groups, in/groups * kernel, out/groups)
+    x = x.permute(1, 0, *range(3, 3 + n), 2, *range(3 + n, 3 + 2 * n))
+    cols = x.reshape(groups, -1, in_per_group * math.prod(kernel))
+    w = weight.reshape(groups, out_ch // groups, -1).mT
+    out = cols.matmul(w)  # (groups, N * positions, out/groups)
+    out = out.reshape(groups, batch, *out_sizes, out_ch // groups)
+    out = out.permute(1, 0, n + 2, *range(2, n + 2)).reshape(batch, out_ch, *out_sizes)
     if bias is not None:
         out = out + bias.reshape(out_ch, *([1] * n))
     return out if batched else out.squeeze(0)
@@ -221,8 +227,26 @@ def _max_pool(op: str, n: int, input, kernel_size, stride, padding, dilation, ce
     if return_indices:
         raise UnsupportedError(f"{op}: return_indices=True is not supported")
     kernel, stride, dilation, pads = _pool_geometry(op, n, input, kernel_size, stride, padding, dilation, ceil_mode)
+    tiles = _tiles(input, kernel, stride, dilation, pads)
+    if tiles is not None:
+        return tiles.amax(tuple(range(-n, 0)))
     windows = _windows(_pad_spatial(input, pads, _NEG_BIG), kernel, stride, dilation, op)
     return windows.amax(tuple(range(-n, 0)))
+
+
+def _tiles(x, kernel, stride, dilation, pads):
+    """(..., *out, *kernel) like `_windows` when the windows tile the input exactly (stride equal to
+    the kernel, no dilation, no padding, sizes divisible): then they are a reshape and a permute,
+    whose gradient is a reshape back, not the shifted, spread-out pads that undo a strided window."""
+    n = len(kernel)
+    spatial = x.dims[x.ndim - n:]
+    if tuple(stride) != tuple(kernel) or any(d != 1 for d in dilation) or any(p != (0, 0) for p in pads) \
+            or not all(s.is_const and s.value % k == 0 for s, k in zip(spatial, kernel)):
+        return None
+    lead = x.ndim - n
+    split = [part for s, k in zip(spatial, kernel) for part in (s.value // k, k)]
+    x = x.reshape(*x.dims[:lead], *split)
+    return x.permute(*range(lead), *range(lead, lead + 2 * n, 2), *range(lead + 1, lead + 2 * n, 2))
 
 
 def _avg_pool(op: str, n: int, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):

@@ -23,13 +23,12 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedError, ValueDomainError
 from ..graph import parse_dim, show_shape
 from ..library.elementwise import gelu, relu
-from ..library.linalg import linear
 from ..library.reduce import softmax
 from ..shape import index_var
 from ..tensor import GraphTensor
 from . import init
 from .dropout import Dropout
-from .layers import Linear, positive_int
+from .layers import Linear, linear_rows, positive_int
 from .module import Module, Parameter
 from .norm import LayerNorm
 
@@ -71,12 +70,12 @@ class MultiheadAttention(Module):
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = False, attn_mask=None,
                 average_attn_weights: bool = True, is_causal: bool = False):
         batched = self._check_inputs(query, key, value)
+        self_attention = query is key and key is value
         q, k, v = (self._batch_first(t, batched) for t in (query, key, value))
         graph, (n, length, _) = query.graph, q.dims
         weight, bias = self.graph_tensor(graph, "in_proj_weight"), self._optional_tensor(graph, "in_proj_bias")
         e = self.embed_dim
-        q, k, v = (self._heads(linear(t, weight[i * e:(i + 1) * e], None if bias is None else bias[i * e:(i + 1) * e]))
-                   for i, t in enumerate((q, k, v)))
+        q, k, v = (self._heads(t) for t in self._in_projection(q, k, v, weight, bias, self_attention))
         scores = (q @ k.mT) * (1.0 / math.sqrt(self.head_dim))  # (N, H, L, S)
         scores = self._masked(scores, attn_mask, key_padding_mask, is_causal, batched)
         probs = self.attn_dropout(softmax(scores, -1))
@@ -107,6 +106,18 @@ class MultiheadAttention(Module):
             raise ShapeError(f"MultiheadAttention: key and value must have the same shape but the last dim, "
                              f"got {show_shape(key.dims)} and {show_shape(value.dims)}")
         return query.ndim == 3
+
+    def _in_projection(self, q, k, v, weight, bias, self_attention: bool) -> list[GraphTensor]:
+        """q, k, v through their thirds of the packed in-projection. Self-attention (one tensor for
+        all three) projects once with the whole (3E, E) weight and splits the result: one matmul
+        forward, and in the backward the three gradients meet in one (L, 3E) buffer, so the input
+        and weight gradients are one matmul each instead of three summed side by side."""
+        e = self.embed_dim
+        if self_attention:
+            packed = linear_rows(q, weight, bias)
+            return [packed[..., i * e:(i + 1) * e] for i in range(3)]
+        return [linear_rows(t, weight[i * e:(i + 1) * e], None if bias is None else bias[i * e:(i + 1) * e])
+                for i, t in enumerate((q, k, v))]
 
     def _batch_first(self, t: GraphTensor, batched: bool) -> GraphTensor:
         if not batched:

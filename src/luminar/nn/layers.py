@@ -33,6 +33,19 @@ def pair(op: str, name: str, value, minimum: int) -> tuple[int, int]:
     return int(values[0]), int(values[1])
 
 
+def linear_rows(input: GraphTensor, weight: GraphTensor, bias: GraphTensor | None) -> GraphTensor:
+    """F.linear(input, weight, bias) with input's leading dims flattened into one axis of rows first.
+
+    The same values; the point is the backward: the weight gradient sums over every row, and over
+    one (batch * sequence) axis that is a plain matrix product, where over (batch, sequence) it
+    is a reduction whose index needs a division per element to split the merged position.
+    """
+    if input.ndim <= 2 or weight.ndim != 2:
+        return linear(input, weight, bias)
+    out = linear(input.reshape(-1, input.dims[-1]), weight, bias)
+    return out.reshape(*input.dims[:-1], weight.dims[0])
+
+
 class Linear(Module):
     """torch.nn.Linear: y = x W^T + b with weight (out_features, in_features) and bias (out_features,)."""
 
@@ -45,7 +58,7 @@ class Linear(Module):
         self.register_parameter("bias", init.uniform(rng, (out_features,), bound) if bias else None)
 
     def forward(self, input: GraphTensor) -> GraphTensor:
-        return linear(input, self.graph_tensor(input.graph, "weight"), self._optional_tensor(input.graph, "bias"))
+        return linear_rows(input, self.graph_tensor(input.graph, "weight"), self._optional_tensor(input.graph, "bias"))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
