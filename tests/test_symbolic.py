@@ -187,6 +187,20 @@ def test_division_by_a_symbolic_factor_is_exact():
     assert str((s * t) // (t * 4)) == "s * t // (t * 4)"
 
 
+def test_division_drops_a_remainder_smaller_than_the_common_factor():
+    """A merged view's flat index divided back into its digits: (g*X + R) // (g*k) == X // k and
+    (g*X + R) % (g*k) == g*(X % k) + R whenever 0 <= R < g, whatever the sign of X."""
+    d, e, r = Var("d", 0, 63), Var("e", 0, 40), Var("r", -5, None)
+    flat = r * 2624 + d * 41 + e
+    assert flat // 335872 == r // 128
+    assert flat % 335872 == (r % 128) * 2624 + d * 41 + e
+    assert str((flat + 1) // 335872) != str(r // 128)  # R may reach 2624: not simplified
+    for env in ({"d": 63, "e": 40, "r": -3}, {"d": 5, "e": 0, "r": 300}):
+        value = flat.evaluate(env)
+        assert (flat // 335872).evaluate(env) == value // 335872
+        assert (flat % 335872).evaluate(env) == value % 335872
+
+
 def test_division_semantics_are_python_floor():
     assert sym(-7) // 2 == -4 and sym(-7) % 2 == 1 and sym(7) % -2 == -1
     for value in range(-5, 6):

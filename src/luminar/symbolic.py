@@ -717,6 +717,10 @@ def _floordiv(a: Expr, b: Expr) -> Expr:
         quotient, remainder = divmod(a.const, n)
         if whole or quotient:
             return add(_make_sum(whole, quotient), floordiv(_make_sum(rest, remainder), n))
+        split = _small_remainder(a, n)
+        if split is not None:  # (g*X + R) // (g*k) == X // k
+            g, x, _ = split
+            return floordiv(x, n // g)
     return FloorDiv(a, b)
 
 
@@ -745,7 +749,27 @@ def _mod(a: Expr, b: Expr) -> Expr:
         kept = {t: c for t, c in a.terms if c % n != 0}  # multiples of n vanish modulo n
         if len(kept) < len(a.terms) or not 0 <= a.const < n:
             return mod(_make_sum(kept, a.const % n), n)
+        split = _small_remainder(a, n)
+        if split is not None:  # (g*X + R) % (g*k) == g * (X % k) + R
+            g, x, r = split
+            return add(mul(mod(x, n // g), g), r)
     return Mod(a, b)
+
+
+def _small_remainder(a: Sum, n: int):
+    """(g, X, R) with a == g*X + R, g a divisor of n (g > 1) and 0 <= R < g by R's range: the
+    flat index of a merged view divided back into its digits, e.g. (r*2624 + d*41 + e) // 335872
+    is r // 128 when d*41 + e < 2624. Tries the largest-coefficient terms as X first."""
+    terms = sorted(a.terms, key=lambda tc: -abs(tc[1]))
+    for cut in range(1, len(terms)):
+        g = math.gcd(n, *(c for _, c in terms[:cut]))
+        if g <= 1:
+            break
+        rest = _make_sum(dict(terms[cut:]), a.const)
+        low, high = rest._range
+        if 0 <= low and high < g:
+            return g, _make_sum({t: c // g for t, c in terms[:cut]}, 0), rest
+    return None
 
 
 def _canonical_pair(a: Expr, b: Expr) -> list[Expr]:
