@@ -260,6 +260,7 @@ def test_normalized_rows_are_computed_once_for_every_column_block():
     kernel = max(kernels_of(g), key=lambda k: len(str(k.value)))
     assert default_schedule(kernel).pack_rows
     model = g.compile("cpu")
+    assert model.source.count("*restrict rowbuf = ") == 2  # also below 4 rows, where loops replace tiles
     ga, wa = rand(64, seed=1), rand(300, 64, seed=2)
     for s in (1, 5, 40):
         xa = rand(s, 64, seed=s)
@@ -282,3 +283,58 @@ def test_exp2_is_right_across_its_range_including_masked_scores():
         expected = np.exp2(x.astype(np.float64)).astype(np.float32)
     np.testing.assert_allclose(out["y"], expected, rtol=2e-7, atol=1e-45)
     np.testing.assert_allclose(out["total"], np.exp2(scores.astype(np.float64)).sum(), rtol=1e-6)
+
+
+# -- integer and vector rendering of quantized weights ---------------------------------------------
+
+def _unpack_exprs(g, q):
+    """Nibble extraction as quant.py spells it once the (low, high) index is a constant: floor(q /
+    16^h) fmod 16, floor written x - fmod(x, 1); plus fmods the integer rules must not take."""
+    outs = {}
+    for h in (0, 1):
+        shifted = q * (1.0 / 16.0) ** h
+        outs[f"nibble{h}"] = (shifted - shifted.fmod(1.0)).fmod(16.0)
+    outs["mod4"] = q.fmod(4.0)                        # int8: negative dividends keep fmod's sign
+    outs["frac"] = (q * 0.25).fmod(1.0)              # a fraction, exact in both spellings
+    outs["not_power_of_two"] = (q * 0.3).fmod(1.0)   # must stay float arithmetic
+    return outs
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_fmod_of_bytes_renders_as_integer_ops_bit_exactly(dtype):
+    """fmod by powers of two of values loaded from byte buffers (how quantized weights unpack their
+    nibbles) renders as & on ints where that is provably exact; every byte value gives results
+    bit-identical to the reference backend (equal for int8, which keeps the float path)."""
+    g = lm.Graph()
+    q = g.tensor("q", (256,), dtype)
+    for name, value in _unpack_exprs(g, q).items():
+        value.output(name)
+    values = (np.arange(256) - (128 if dtype == "int8" else 0)).astype(dtype)
+    program = g.compile("cpu")
+    got, want = program(q=values), g.compile("reference")(q=values)
+    for name in want:  # (int8: the float path's fmod may give +0 where C's gives -0; equal values)
+        exact = (lambda a: a.view(np.uint32)) if dtype == "uint8" else (lambda a: a)
+        np.testing.assert_array_equal(exact(got[name]), exact(want[name]), err_msg=name)
+    assert ("& 15)" in program.source) == (dtype == "uint8")  # int8 may be negative: no integer path
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_quantized_matvec_accumulates_blocks_in_vector_lanes(qtype, rows):
+    """A decode-sized (1-3 rows) product with a quantized weight: each block's elements go to one
+    vector of partial sums (bytes staged as ints first), summed once at the end; results match
+    the dequantized product."""
+    from luminar.io import quant
+    tensor = _Q4Tensor(40, 96)
+    if qtype == "Q8_0":
+        rng = np.random.default_rng(1)
+        tensor.qtype, tensor.parts = "Q8_0", {"scale": (rng.standard_normal((40, 3)) * 0.05).astype(np.float16),
+                                              "quants": rng.integers(-128, 128, (40, 3, 32), dtype=np.int8)}
+    g = lm.Graph()
+    w, feeds = quant.weight(g, "w", tensor)
+    lm.linear(g.tensor("x", ("s", 96)), w).output("y")
+    program = g.compile("cpu")
+    assert "int stage" in program.source and "#pragma omp simd" in program.source
+    x = rand(rows, 96, seed=rows)
+    np.testing.assert_allclose(program(x=x, **feeds)["y"], x @ quant.dequantize_parts(qtype, tensor.parts, (40, 96)).T,
+                               rtol=1e-4, atol=1e-4)

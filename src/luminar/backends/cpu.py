@@ -17,10 +17,11 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from ..compiler.kernels import (Apply, Const, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select,
+from ..compiler.kernels import (Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select,
                                 canonical_form, depends_on, flat_index, loads, lower, numel, split_reductions, walk)
 from ..compiler.memory import ALIGN, MemoryPlan, lifetimes, plan_memory
 from ..errors import UnsupportedError
@@ -104,6 +105,11 @@ class _Emitter:
             code = self.load(e)
         elif isinstance(e, Apply) and e.op == "exp2":
             code = f"lm_exp2({self.emit(e.args[0])})"
+        elif isinstance(e, Apply) and e.op in ("add", "sum_reduce") and len(_vector_leaves(e) or ()) > 1:
+            code = self.sum_in_vector(_vector_leaves(e))
+        elif isinstance(e, Apply) and e.op == "mod" and self.fixed(e):
+            fixed = self.fixed(e)
+            code = f"(float){fixed.code}" + (f" * {render_float(2.0 ** -fixed.k)}" if fixed.k else "")
         elif isinstance(e, Apply):
             code = _power_of_two_mod(e, self) or PRIMITIVES[e.op].c.format(*(self.emit(a) for a in e.args))
         elif isinstance(e, Select):
@@ -118,6 +124,24 @@ class _Emitter:
         self.lines.append(f"{self.indent}const float {name} = {code};")
         self.names[e] = name
         return name
+
+    def fixed(self, e) -> Fixed | None:
+        """`e` as an exact integer over a power of two (a Fixed), provably: bytes loaded from
+        int8/uint8 buffers, scaled by powers of two, fmod by powers of two, floor spelled
+        x - fmod(x, 1), sums. Such values render as int arithmetic (& instead of fmod), exact where
+        the float ops are (every value below 2^24) and vectorizable: how quantized weights' nibbles
+        are unpacked. None otherwise."""
+        key = ("fixed", e)
+        if key not in self.names:
+            found = _fixed(e, self)
+            if found and not (-_EXACT < found.lo <= found.hi < _EXACT and 0 <= found.k < 64):
+                found = None
+            if found and not found.code.isidentifier():
+                name = self.fresh("i")
+                self.lines.append(f"{self.indent}const int {name} = {found.code};")
+                found = found._replace(code=name)
+            self.names[key] = found
+        return self.names[key]
 
     def load(self, e: Load) -> str:
         buf = self.program.buffers[e.buffer]
@@ -150,6 +174,8 @@ class _Emitter:
     def reduce(self, e: Reduce) -> str:
         prim = PRIMITIVES[e.op]
         self.hoist(e.body, e.var.name)
+        if e.op == "sum_reduce" and not self.threaded_reduce and _vector_leaves(e.body):
+            return self.sum_in_vector(_vector_leaves(e.body), e)
         acc = self.fresh("acc")
         self.lines.append(f"{self.indent}float {acc} = {render_float(prim.identity)};")
         if self.threaded_reduce:
@@ -187,6 +213,49 @@ class _Emitter:
         self.lines += [f"{ind}    {acc} = {prim.c.format(acc, value)};", f"{ind}}}"]
         return acc
 
+    def child(self, indent: str) -> _Emitter:
+        """An emitter for a block nested `indent` deeper, seeing the names of this one (merge back
+        its lines and count after use)."""
+        inner = _Emitter(self.program, self.indent + indent, lanes=self.lanes)
+        inner.names, inner.count = dict(self.names), self.count
+        return inner
+
+    def sum_in_vector(self, leaves: list, outer: Reduce | None = None) -> str:
+        """Sums over L elements added up (a split reduction: a quantized block's halves), and with
+        `outer` summed over blocks, as one `omp simd` loop of L lanes (inside the loop over blocks),
+        each lane keeping its own partial sum: no horizontal sum per block. Integer loads of the
+        lane loop are staged into an int array first: a byte in the loop makes gcc pick 16-byte
+        vectors for all of it."""
+        size, i, ind = leaves[0].extent.value, leaves[0].var.name, self.indent
+        vec, acc = self.fresh("vec"), self.fresh("acc")
+        self.lines += [f"{ind}float {acc} = 0.0f, {vec}[{size}] = {{0}};"]
+        if outer is not None:
+            self.lines.append(f"{ind}for (long long {outer.var.name} = 0; {outer.var.name} < {outer.extent.render_c()}; "
+                              f"{outer.var.name}++) {{")
+        body = self.child("    " if outer is not None else "")
+        for leaf in leaves:
+            body.hoist(leaf.body, i)
+        staged = {}
+        for ld in dict.fromkeys(ld for leaf in leaves for ld in loads(leaf.body)):
+            dtype = self.program.buffers[ld.buffer].dtype
+            if dtype in INT_RANGES and ld.valid == sym(1) and i in ld.index.vars():
+                name = body.fresh("stage")
+                body.lines += [f"{body.indent}int {name}[{size}];",
+                               f"{body.indent}for (long long {i} = 0; {i} < {size}; {i}++) "
+                               f"{name}[{i}] = b{self.program.buffers[ld.buffer].id}[{ld.index.render_c()}];"]
+                staged[ld] = Fixed(f"{name}[{i}]", 0, *INT_RANGES[dtype])
+        body.lines += [f"{body.indent}#pragma omp simd", f"{body.indent}for (long long {i} = 0; {i} < {size}; {i}++) {{"]
+        inner = body.child("    ")
+        for ld, form in staged.items():
+            inner.names[("fixed", ld)], inner.names[ld] = form, f"(float){form.code}"
+        values = [inner.emit(leaf.body) for leaf in leaves]
+        body.lines += inner.lines + [f"{inner.indent}{vec}[{i}] += {' + '.join(values)};", f"{body.indent}}}"]
+        self.lines += body.lines + ([f"{ind}}}"] if outer is not None else [])
+        self.lines += [f"{ind}#pragma omp simd reduction(+:{acc})",  # a tree of vector adds, not a chain
+                       f"{ind}for (int l = 0; l < {size}; l++) {acc} += {vec}[l];"]
+        self.count = inner.count
+        return acc
+
     def gather(self, e: Gather) -> str:
         """The body evaluated once, at the integer the index holds (0.0 when it is not a valid index)."""
         out, index = self.fresh("gather"), self.emit(e.index)
@@ -198,6 +267,105 @@ class _Emitter:
         self.lines.append(f"{self.indent}    {out} = {value};")
         self.lines.append(f"{self.indent}}}")
         return out
+
+
+INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}  # loads of these dtypes are exact integers
+_EXACT = 1 << 24  # integers below this in magnitude are exact float32 values
+
+
+def _const(e) -> float | None:
+    """The value of an IR expression without loads or loop variables, else None."""
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, IndexValue) and e.expr.is_const:
+        return float(e.expr.value)
+    if isinstance(e, Apply):
+        args = []
+        for a in e.args:
+            args.append(_const(a))
+            if args[-1] is None:
+                return None
+        return float(PRIMITIVES[e.op].reference(*map(np.float32, args)))
+    return None
+
+
+def _log2(c: float | None) -> int | None:
+    """m when c == 2^m exactly, else None."""
+    if c is None or not 0 < c < float("inf"):
+        return None
+    mantissa, exponent = np.frexp(c)
+    return int(exponent) - 1 if mantissa == 0.5 else None
+
+
+class Fixed(NamedTuple):
+    """A value that is exactly the C int `code` / 2^k, with the int in [lo, hi]; `minus_zero`: the
+    float spelling may give -0.0 for it (fmod keeps a dividend's sign, so fmod rules refuse those)."""
+    code: str
+    k: int
+    lo: int
+    hi: int
+    minus_zero: bool = False
+
+
+def _fixed(e, em: _Emitter) -> Fixed | None:
+    """The rules of _Emitter.fixed, before naming."""
+    if isinstance(e, Load):
+        dtype = em.program.buffers[e.buffer].dtype
+        if dtype not in INT_RANGES or e.valid != sym(1):
+            return None
+        return Fixed(f"(int)b{em.program.buffers[e.buffer].id}[{e.index.render_c()}]", 0, *INT_RANGES[dtype])
+    if not isinstance(e, Apply) or e.op not in ("mul", "add", "mod"):
+        return None
+    if e.op == "mod":  # x fmod 2^m, x = n / 2^k >= 0: n's low m + k bits
+        m, x = _log2(_const(e.args[1])), em.fixed(e.args[0])
+        if m is None or not x or x.lo < 0 or x.minus_zero or not 0 <= m + x.k < 31:
+            return None
+        mask = (1 << (m + x.k)) - 1
+        return Fixed(f"({x.code} & {mask})", x.k, 0, min(x.hi, mask))
+    if e.op == "mul":  # x * ±2^m
+        x, c = (e.args[0], _const(e.args[1])) if _const(e.args[0]) is None else (e.args[1], _const(e.args[0]))
+        m, x = _log2(abs(c) if c is not None else None), em.fixed(x)
+        if m is None or not x or x.k - m < 0:
+            return None
+        if c > 0:
+            return x._replace(k=x.k - m)
+        return Fixed(f"(-{x.code})", x.k - m, -x.hi, -x.lo, x.lo <= 0 <= x.hi)
+    floor = _floor_of(e)  # x - fmod(x, 2^m), spelled x + fmod(x, 2^m) * -1: n with its low bits cleared
+    if floor is not None:
+        x, m = em.fixed(floor[0]), floor[1]
+        if x and x.lo >= 0 and not x.minus_zero and 0 <= m + x.k < 31:
+            return Fixed(f"({x.code} & ~{(1 << (m + x.k)) - 1})", x.k, 0, x.hi)
+    a, b = em.fixed(e.args[0]), em.fixed(e.args[1])
+    if not a or not b or a.k != b.k:
+        return None
+    return Fixed(f"({a.code} + {b.code})", a.k, a.lo + b.lo, a.hi + b.hi, a.minus_zero and b.minus_zero)
+
+
+def _floor_of(e: Apply):
+    """(x, m) when e is x + fmod(x, 2^m) * -1, else None."""
+    for x, neg in (e.args, e.args[::-1]):
+        if isinstance(neg, Apply) and neg.op == "mul" and -1.0 in (_const(neg.args[0]), _const(neg.args[1])):
+            mod = neg.args[0] if _const(neg.args[1]) == -1.0 else neg.args[1]
+            if isinstance(mod, Apply) and mod.op == "mod" and mod.args[0] == x and _log2(_const(mod.args[1])) is not None:
+                return x, _log2(_const(mod.args[1]))
+    return None
+
+
+def _vector_leaves(body) -> list | None:
+    """The sum reductions `body` adds up when all run over one variable with one constant extent
+    of 8..64 and hold no reduction or gather themselves (what _Emitter.sum_in_vector renders), else None."""
+    if isinstance(body, Apply) and body.op in ("add", "sum_reduce"):  # (an unrolled sum: sum_reduce of two)
+        parts = [_vector_leaves(a) for a in body.args]
+        leaves = None if None in parts else parts[0] + parts[1]
+    elif isinstance(body, Reduce) and body.op == "sum_reduce" and body.extent.is_const \
+            and not any(isinstance(n, (Reduce, Gather)) for n in walk(body.body)):
+        leaves = [body]
+    else:
+        return None
+    if leaves and all(x.var.name == leaves[0].var.name and x.extent.value == leaves[0].extent.value for x in leaves) \
+            and 8 <= leaves[0].extent.value <= 64:
+        return leaves
+    return None
 
 
 def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
@@ -280,7 +448,8 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
         lines += render_loops(program, kernel, schedule if schedule.kind == "loops" else default_loops(kernel))
     elif schedule.min_rows and plan.i is not None and not kernel.shape[-2].is_const:
         lines.append(f"    if (({kernel.shape[-2].render_c()}) < {schedule.min_rows}) {{")
-        lines += render_loops(program, kernel, default_loops(kernel))
+        lines += _loops_with_rows(program, kernel, plan) if schedule.pack_rows else \
+            render_loops(program, kernel, default_loops(kernel))
         lines += ["    } else {"] + render_tiled(program, kernel, plan, schedule) + ["    }"]
     else:
         lines += render_tiled(program, kernel, plan, schedule)
@@ -346,6 +515,38 @@ def render_loops(program: KernelProgram, kernel: Kernel, schedule: Schedule) -> 
     lines.append(f"        b{kernel.out}[{flat_index(loop_vars, kernel.shape).render_c()}] = {result};")
     lines.append("    }")
     return lines
+
+
+def _loops_with_rows(program: KernelProgram, kernel: Kernel, plan) -> list[str]:
+    """The plain schedule with the row operands (a normalized input) computed once into a buffer
+    first, as the tiled schedule's pack_rows does, and read back by loads: a matrix-vector product
+    would recompute them for every output."""
+    red, i = plan.reduce, plan.i
+    batch = list(zip(kernel.loop_vars[:-2], kernel.shape))
+    lines, _ = _pack_rows(program, kernel, plan, batch, i, kernel.shape[-2], red.var.name, red.extent.render_c())
+    where = flat_index([v for v, _ in batch] + [i], [x for _, x in batch] + [kernel.shape[-2]])
+    rows = Buffer(len(program.buffers), sym(1), "float32", "temp", "rows")
+    loads_of = {node: Load(rows.id, (where * len(plan.rows) + q) * red.extent + red.var, sym(1))
+                for q, node in enumerate(plan.rows)}
+    view = dataclasses.replace(program, buffers=[*program.buffers, rows])
+    kernel = dataclasses.replace(kernel, value=_replace_nodes(kernel.value, loads_of))
+    return lines + [f"    const float *restrict b{rows.id} = rowbuf;", "    {"] + \
+        render_loops(view, kernel, default_loops(kernel)) + ["    }", "    free(rowbuf);"]
+
+
+def _replace_nodes(e, mapping: dict):
+    """`e` with the subtrees in `mapping` replaced."""
+    if e in mapping:
+        return mapping[e]
+    if isinstance(e, Apply):
+        return Apply(e.op, tuple(_replace_nodes(a, mapping) for a in e.args))
+    if isinstance(e, Select):
+        return Select(e.cond, _replace_nodes(e.value, mapping))
+    if isinstance(e, Reduce):
+        return Reduce(e.op, e.var, e.extent, _replace_nodes(e.body, mapping))
+    if isinstance(e, Gather):
+        return Gather(e.var, _replace_nodes(e.index, mapping), e.extent, _replace_nodes(e.body, mapping))
+    return e
 
 
 def render_oracle(program: KernelProgram, kernel: Kernel) -> str:
@@ -737,6 +938,8 @@ class CPUProgram(Program):
         self._plans: dict[tuple, MemoryPlan] = {}
         self._lifetimes = lifetimes(self.kernels)
         self._arena = np.empty(0, np.float32)
+        self._pointers: dict[int, ctypes.Array] = {}  # id(memory plan) -> the buffers' addresses
+        self._addresses: dict[str, tuple] = {}  # input name -> (the array last passed, its address)
         if self.debug >= 3:
             for k in self.kernels.kernels:
                 print(f"[luminar] IR {k.name} {k.shape}: {k.value}", file=sys.stderr)
@@ -760,6 +963,7 @@ class CPUProgram(Program):
         if key not in self._plans:
             if len(self._plans) >= self.MAX_PLANS:
                 self._plans.clear()
+                self._pointers.clear()  # (keyed by id: a new plan may reuse a freed one's)
             self._plans[key] = plan_memory(self.kernels, bucket, life=self._lifetimes)
         return self._plans[key]
 
@@ -768,16 +972,23 @@ class CPUProgram(Program):
         plan = self.memory_plan(env)
         if self._arena.nbytes < plan.arena_bytes + ALIGN:  # one arena, grown to the largest plan
             self._arena = np.empty((plan.arena_bytes + ALIGN) // 4, np.float32)
+            self._pointers.clear()
         base = self._arena.ctypes.data + (-self._arena.ctypes.data) % ALIGN
-        pointers = (ctypes.c_void_p * len(kp.buffers))()
-        results = {}
+        # Filling ~1000 pointers (numpy's .ctypes per array) cost ~0.8 ms a call, a tenth of a decode
+        # step's kernels: the temps' pointers are kept per plan, an input's while it is the same array.
+        if id(plan) not in self._pointers:
+            self._pointers[id(plan)] = pointers = (ctypes.c_void_p * len(kp.buffers))()
+            for buf, offset in plan.offsets.items():
+                pointers[buf] = base + offset
+        pointers, results = self._pointers[id(plan)], {}
         for name, buf in kp.inputs.items():
-            pointers[buf] = arrays[name].ctypes.data
+            known = self._addresses.get(name)
+            if known is None or known[0] is not arrays[name]:
+                known = self._addresses[name] = (arrays[name], arrays[name].ctypes.data)
+            pointers[buf] = known[1]
         for name, buf in kp.outputs.items():
             results[name] = np.empty(tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]), np.float32)
             pointers[buf] = results[name].ctypes.data
-        for buf, offset in plan.offsets.items():
-            pointers[buf] = base + offset
         dims = (ctypes.c_longlong * max(len(kp.dims), 1))(*[env[d] for d in kp.dims])
         if self.debug >= 1:
             self._profile(pointers, dims)
