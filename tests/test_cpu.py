@@ -158,6 +158,17 @@ def test_arena_reuses_memory_of_dead_buffers():
     assert plan.arena_bytes <= plan.lower_bound_bytes + 64 * len(plan.offsets)  # ... close to the bound
 
 
+def test_lower_bound_is_the_most_bytes_alive_during_one_kernel():
+    from luminar.compiler.memory import lifetimes
+    model = _mlp().compile("cpu")
+    plan = model.memory_plan({"b": 32}, exact=True)
+    life = lifetimes(model.kernels)
+    sizes = {b.id: -(-int(b.numel.evaluate({"b": 32})) * 4 // 64) * 64 for b in model.kernels.buffers if b.id in life}
+    brute = max(sum(n for b, n in sizes.items() if life[b][0] <= k <= life[b][1])
+                for k in range(len(model.kernels.kernels)))
+    assert plan.lower_bound_bytes == brute
+
+
 def test_arena_never_overlaps_live_buffers():
     """Whatever the plan, results stay right (overlap would corrupt them) for several dims."""
     g = _mlp(depth=4, width=48)

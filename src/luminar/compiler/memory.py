@@ -51,9 +51,21 @@ def plan_memory(program: KernelProgram, env: dict[str, int], itemsize: int = 4, 
         offsets[buf] = offset
         placed.append((offset, size[buf], buf))
     arena = max((o + n for o, n, _ in placed), default=0)
-    lower = max((sum(size[b] for b in size if life[b][0] <= k <= life[b][1]) for k in range(len(program.kernels))),
-                default=0)
-    return MemoryPlan(offsets, arena, sum(size.values()), lower)
+    return MemoryPlan(offsets, arena, sum(size.values()), _most_alive(size, life))
+
+
+def _most_alive(size: dict, life: dict) -> int:
+    """The most bytes alive during any one kernel: a sweep over lifetime starts and ends."""
+    change: dict[int, int] = {}
+    for b, n in size.items():
+        start, end = life[b]
+        change[start] = change.get(start, 0) + n
+        change[end + 1] = change.get(end + 1, 0) - n
+    alive = most = 0
+    for k in sorted(change):
+        alive += change[k]
+        most = max(most, alive)
+    return most
 
 
 def _aligned(n: int) -> int:
