@@ -349,3 +349,45 @@ def test_quantized_matvec_accumulates_blocks_in_vector_lanes(qtype, rows):
     x = rand(rows, 96, seed=rows)
     np.testing.assert_allclose(program(x=x, **feeds)["y"], x @ quant.dequantize_parts(qtype, tensor.parts, (40, 96)).T,
                                rtol=1e-4, atol=1e-4)
+
+
+# -- threads per call ----------------------------------------------------------------------------
+
+def _chooser_run(chooser, key, threads_used, seconds_for):
+    """One call through `chooser` whose duration depends on the thread count it was given."""
+    import luminar.backends.cpu as cpu
+    clock = {"t": 0.0}
+    real = cpu.time.perf_counter
+    cpu.time.perf_counter = lambda: clock["t"]
+    try:
+        chooser.run(key, lambda: clock.__setitem__("t", clock["t"] + seconds_for(threads_used[-1])))
+    finally:
+        cpu.time.perf_counter = real
+
+
+def test_thread_chooser_drops_to_one_thread_when_two_are_slower():
+    """A busy machine parks one of two threads at every parallel region: measured, one thread wins,
+    and all threads are retried less and less often while they keep losing."""
+    from luminar.backends.cpu import ThreadChooser
+    used = []
+    chooser = ThreadChooser(2, used.append)
+    for _ in range(40):
+        _chooser_run(chooser, "decode", used, lambda n: 1.0 if n == 2 else 0.02)
+    assert used[1] == 1 and used[-1] == 1
+    assert used.count(2) <= 6  # the first call, then trials after 2, 4, 8, 16 ... calls
+
+
+def test_thread_chooser_keeps_all_threads_when_they_are_faster():
+    from luminar.backends.cpu import ThreadChooser
+    used = []
+    chooser = ThreadChooser(2, used.append)
+    for _ in range(40):
+        _chooser_run(chooser, "prefill", used, lambda n: 0.01 if n == 2 else 0.02)
+    assert used.count(1) <= 5 and used[-1] == 2
+
+
+def test_thread_chooser_with_one_thread_does_not_touch_openmp():
+    from luminar.backends.cpu import ThreadChooser
+    used, calls = [], []
+    ThreadChooser(1, used.append).run("k", lambda: calls.append(1))
+    assert calls == [1] and used == []

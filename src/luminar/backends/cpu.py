@@ -32,7 +32,10 @@ from . import cc
 
 C_TYPES = {"float32": "float", "float16": "_Float16", "bfloat16": "unsigned short", "int8": "signed char",
            "uint8": "unsigned char", "int32": "int"}
-PARALLEL_MIN_WORK = 1 << 18  # below this many inner iterations (~50 µs) threads cost more than they save
+# below this many inner iterations threads cost more than they save: a fork/join of the (spinning)
+# OpenMP team is ~1-2 µs; 1 << 15 threads the 576x192 k/v projections of a small-model decode step
+# (+~10% tok/s over 1 << 18 on SmolLM2-135M, 2 threads)
+PARALLEL_MIN_WORK = 1 << 15
 
 PRELUDE = f"""\
 #include <math.h>
@@ -903,6 +906,40 @@ def _reduce_work(e) -> Expr:
     return work
 
 
+class ThreadChooser:
+    """How many OpenMP threads each call of a program uses, chosen by measuring.
+
+    On a shared machine a two-thread call can be 50x slower than a one-thread call: each of a
+    model's hundreds of parallel regions waits for a thread the OS has parked while another
+    process holds the core. So every kind of call (one per memory plan) keeps a running time for
+    the thread count it uses and now and then tries the other count (all threads or one); a
+    trial that wins switches, one that loses waits twice as long before the next.
+    """
+    def __init__(self, most: int, set_threads):
+        self.most, self._set = most, set_threads
+        self._state: dict = {}
+
+    def run(self, key, call) -> None:
+        if self.most < 2:
+            return call()
+        s = self._state.setdefault(key, {"use": self.most, "time": {}, "next": 2, "every": 2})
+        s["next"] -= 1
+        other = 1 if s["use"] == self.most else self.most
+        threads = other if s["next"] <= 0 else s["use"]
+        self._set(threads)
+        started = time.perf_counter()
+        call()
+        seconds = time.perf_counter() - started
+        if threads == other:
+            better = seconds < s["time"].get(s["use"], float("inf"))
+            s["every"] = 2 if better else min(2 * s["every"], 1024)
+            s["next"] = s["every"]
+            if better:
+                s["use"] = other
+        previous = s["time"].get(threads)
+        s["time"][threads] = seconds if previous is None else 0.5 * (previous + seconds)
+
+
 class CPUProgram(Program):
     """A graph compiled to one shared object; calling it runs every kernel in one C call.
 
@@ -935,6 +972,9 @@ class CPUProgram(Program):
         self._run_profiled = self.library.lm_run_profiled
         self._run_profiled.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._run_profiled.restype = None
+        self.library.omp_get_max_threads.restype = ctypes.c_int
+        self.library.omp_set_num_threads.argtypes = [ctypes.c_int]
+        self.threads = ThreadChooser(self.library.omp_get_max_threads(), self.library.omp_set_num_threads)
         self._plans: dict[tuple, MemoryPlan] = {}
         self._lifetimes = lifetimes(self.kernels)
         self._arena = np.empty(0, np.float32)
@@ -993,7 +1033,7 @@ class CPUProgram(Program):
         if self.debug >= 1:
             self._profile(pointers, dims)
         else:
-            self._run(pointers, dims)
+            self.threads.run(id(plan), lambda: self._run(pointers, dims))
         return results
 
     def _profile(self, pointers, dims):
