@@ -75,3 +75,16 @@ def check(fn, *arrays, backend="reference", torch_fn=None, rtol=1e-5, atol=1e-6,
         assert a.shape == b.shape, f"shape {a.shape} != torch {b.shape}"
         np.testing.assert_allclose(a, b.astype(np.float32), rtol=rtol, atol=atol)
     return ours
+
+
+class Q4Tensor:
+    """A random Q4_1 weight as the GGUF reader hands it to luminar.io.quant.weight (rows x cols)."""
+    qtype = "Q4_1"
+
+    def __init__(self, rows, cols, seed=0):
+        rng = np.random.default_rng(seed)
+        blocks = cols // 32
+        self.shape = (rows, cols)
+        self.parts = {"scale": (rng.standard_normal((rows, blocks)) * 0.05).astype(np.float16),
+                      "min": (rng.standard_normal((rows, blocks)) * 0.05).astype(np.float16),
+                      "quants": rng.integers(0, 256, (rows, blocks, 16), dtype=np.uint8)}

@@ -15,7 +15,7 @@ import luminar as lm
 from luminar.backends import cc
 from luminar.compiler.kernels import lower
 from luminar.compiler.passes import optimize
-from conftest import rand
+from conftest import Q4Tensor, rand
 
 pytestmark = pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="needs a C compiler")
 
@@ -210,18 +210,6 @@ def test_one_hot_reduction_becomes_an_indexed_read():
 
 # -- schedules chosen by rule ---------------------------------------------------------------------
 
-class _Q4Tensor:  # what the GGUF reader hands to quant.weight
-    qtype = "Q4_1"
-
-    def __init__(self, rows, cols, seed=0):
-        rng = np.random.default_rng(seed)
-        blocks = cols // 32
-        self.shape = (rows, cols)
-        self.parts = {"scale": (rng.standard_normal((rows, blocks)) * 0.05).astype(np.float16),
-                      "min": (rng.standard_normal((rows, blocks)) * 0.05).astype(np.float16),
-                      "quants": rng.integers(0, 256, (rows, blocks, 16), dtype=np.uint8)}
-
-
 @pytest.mark.parametrize("quantized", [False, True], ids=["float32 W", "Q4_1 W"])
 def test_linear_packs_its_weight_from_four_rows(quantized):
     """x @ W.T reads both operands in order along the reduction; from 4 rows on (a runtime test on
@@ -230,7 +218,7 @@ def test_linear_packs_its_weight_from_four_rows(quantized):
     from luminar.io import quant
     g = lm.Graph()
     if quantized:
-        tensor = _Q4Tensor(40, 96)
+        tensor = Q4Tensor(40, 96)
         w, feeds = quant.weight(g, "w", tensor)
         dense_w = quant.dequantize_parts("Q4_1", tensor.parts, tensor.shape)
     else:
@@ -336,7 +324,7 @@ def test_quantized_matvec_accumulates_blocks_in_vector_lanes(qtype, rows):
     vector of partial sums (bytes staged as ints first), summed once at the end; results match
     the dequantized product."""
     from luminar.io import quant
-    tensor = _Q4Tensor(40, 96)
+    tensor = Q4Tensor(40, 96)
     if qtype == "Q8_0":
         rng = np.random.default_rng(1)
         tensor.qtype, tensor.parts = "Q8_0", {"scale": (rng.standard_normal((40, 3)) * 0.05).astype(np.float16),

@@ -18,7 +18,7 @@ from luminar.compiler import search
 from luminar.compiler.kernels import lower
 from luminar.compiler.passes import optimize
 from luminar.io import quant
-from conftest import rand
+from conftest import Q4Tensor, rand
 
 pytest.importorskip("egglog")
 pytestmark = pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="needs a C compiler")
@@ -33,22 +33,10 @@ def fresh_cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-class _Q4Tensor:  # what the GGUF reader hands to quant.weight
-    qtype = "Q4_1"
-
-    def __init__(self, rows, cols, seed=0):
-        rng = np.random.default_rng(seed)
-        blocks = cols // 32
-        self.shape = (rows, cols)
-        self.parts = {"scale": (rng.standard_normal((rows, blocks)) * 0.05).astype(np.float16),
-                      "min": (rng.standard_normal((rows, blocks)) * 0.05).astype(np.float16),
-                      "quants": rng.integers(0, 256, (rows, blocks, 16), dtype=np.uint8)}
-
-
 def q4_linear_graph(rows=40, cols=64):
     """A Q4_1 linear layer as the Llama model builds it: x (s, cols) @ dequantized W (rows, cols).T."""
     g = lm.Graph()
-    w, feeds = quant.weight(g, "w", _Q4Tensor(rows, cols))
+    w, feeds = quant.weight(g, "w", Q4Tensor(rows, cols))
     lm.linear(g.tensor("x", ("s", cols)), w).output("y")
     return g, feeds
 
