@@ -80,7 +80,10 @@ def fused_chain(numel: int) -> Case:
                 inputs=inputs, bytes=3 * 4 * numel, unit="GB/s", goals=goals, rtol=1e-3)
 
 
-# -- softmax and layer_norm over rows ---------------------------------------------------------------
+# -- softmax and norms over rows: one kernel each (the row's max / mean / sum computed in it) -------
+ROW_GOALS = [Goal("GB/s >= 0.8x measured bandwidth", "bandwidth", 0.8)]
+
+
 def softmax(rows: int, cols: int) -> Case:
     import torch
 
@@ -96,7 +99,7 @@ def softmax(rows: int, cols: int) -> Case:
     return Case("softmax(dim=-1)", f"{rows}x{cols}", graph, numpy_fn,
                 torch_fn=lambda x: {"y": torch.softmax(x, -1)},
                 inputs=lambda: {"x": _rand(np.random.default_rng(2), rows, cols, scale=3.0)},
-                bytes=2 * 4 * rows * cols, unit="GB/s")
+                bytes=2 * 4 * rows * cols, unit="GB/s", goals=ROW_GOALS)
 
 
 def layer_norm(rows: int, cols: int) -> Case:
@@ -118,7 +121,28 @@ def layer_norm(rows: int, cols: int) -> Case:
 
     return Case("layer_norm", f"{rows}x{cols} (+ weight, bias)", graph, numpy_fn,
                 torch_fn=lambda x, w, b: {"y": torch.nn.functional.layer_norm(x, (cols,), w, b)},
-                inputs=inputs, bytes=2 * 4 * rows * cols, unit="GB/s")
+                inputs=inputs, bytes=2 * 4 * rows * cols, unit="GB/s", goals=ROW_GOALS)
+
+
+def rms_norm(rows: int, cols: int) -> Case:
+    import torch
+
+    def graph():
+        g = lm.Graph()
+        x, w = g.tensor("x", (rows, cols)), g.tensor("w", (cols,))
+        lm.rms_norm(x, (cols,), w, eps=1e-6).output("y")
+        return g
+
+    def numpy_fn(x, w):
+        return {"y": x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w}
+
+    def inputs():
+        rng = np.random.default_rng(4)
+        return {"x": _rand(rng, rows, cols), "w": _rand(rng, cols)}
+
+    return Case("rms_norm", f"{rows}x{cols} (+ weight)", graph, numpy_fn,
+                torch_fn=lambda x, w: {"y": torch.nn.functional.rms_norm(x, (cols,), w, 1e-6)},
+                inputs=inputs, bytes=2 * 4 * rows * cols, unit="GB/s", goals=ROW_GOALS)
 
 
 # -- a ResNet 3x3 convolution -------------------------------------------------------------------------
@@ -275,8 +299,8 @@ def _count(n: int) -> str:
 def all_cases(quick: bool) -> list[Case]:
     if quick:
         return [matmul(128), matmul(256), matmul(512, [Goal("speed >= 0.3x numpy", "numpy", 0.3)]),
-                fused_chain(1 << 20), softmax(256, 1024), layer_norm(512, 512), conv2d(16, 28),
+                fused_chain(1 << 20), softmax(256, 1024), layer_norm(512, 512), rms_norm(512, 512), conv2d(16, 28),
                 llama_decode(128)]
     return [matmul(256), matmul(1024, [Goal("speed >= 0.3x numpy", "numpy", 0.3)]), matmul(2048),
-            fused_chain(16 << 20), softmax(4096, 4096), layer_norm(8192, 1024), conv2d(64, 56),
+            fused_chain(16 << 20), softmax(4096, 4096), layer_norm(8192, 1024), rms_norm(8192, 1024), conv2d(64, 56),
             llama_decode(128)]

@@ -21,8 +21,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..compiler.kernels import (Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select,
-                                canonical_form, depends_on, flat_index, loads, lower, numel, split_reductions, walk)
+from ..compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load,
+                                Reduce, Select, canonical_form, depends_on, flat_index, loads, lower, numel,
+                                split_reductions, substitute, walk)
 from ..compiler.memory import ALIGN, MemoryPlan, lifetimes, plan_memory
 from ..errors import UnsupportedError
 from ..ops import PRIMITIVES
@@ -89,6 +90,7 @@ class _Emitter:
         self.program, self.indent = program, indent
         self.threaded_reduce = threaded_reduce  # split the first reduction across threads (scalar outputs)
         self.lanes = lanes  # partial accumulators of innermost reductions (Schedule.lanes)
+        self.stash: dict = {}  # Reduce -> where each step also stores its body's value (see render_loops)
         self.lines: list[str] = []
         self.names: dict = {}
         self.count = 0
@@ -177,7 +179,7 @@ class _Emitter:
     def reduce(self, e: Reduce) -> str:
         prim = PRIMITIVES[e.op]
         self.hoist(e.body, e.var.name)
-        if e.op == "sum_reduce" and not self.threaded_reduce and _vector_leaves(e.body):
+        if e.op == "sum_reduce" and not self.threaded_reduce and _vector_leaves(e.body) and e not in self.stash:
             return self.sum_in_vector(_vector_leaves(e.body), e)
         acc = self.fresh("acc")
         self.lines.append(f"{self.indent}float {acc} = {render_float(prim.identity)};")
@@ -186,14 +188,17 @@ class _Emitter:
             op = "+" if e.op == "sum_reduce" else "max"
             self.lines.append(f"{self.indent}#pragma omp parallel for reduction({op}:{acc}) schedule(static) "
                               f"if(({(e.extent * _reduce_work(e.body)).render_c()}) >= {PARALLEL_MIN_WORK})")
-        elif self.lanes > 1 and not any(isinstance(n, (Reduce, Gather)) for n in walk(e.body)):
+        elif self.lanes > 1 and not _holds_loop(e.body, self.names):
             return self.reduce_in_lanes(e, acc)
         self.lines.append(f"{self.indent}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; "
                           f"{e.var.name}++) {{")
         value = self.emit_block(e.body)
-        self.lines.append(f"{self.indent}    {acc} = {prim.c.format(acc, value)};")
+        self.lines.append(f"{self.indent}    {acc} = {prim.c.format(acc, value)};{self.stashed(e, value)}")
         self.lines.append(f"{self.indent}}}")
         return acc
+
+    def stashed(self, e: Reduce, value: str) -> str:
+        return f" {self.stash[e]} = {value};" if e in self.stash else ""
 
     def reduce_in_lanes(self, e: Reduce, acc: str) -> str:
         """A split reduction: `lanes` independent partial accumulators (one vector of them), each
@@ -209,11 +214,12 @@ class _Emitter:
         inner.names, inner.count = dict(self.names), self.count
         value = inner.emit(e.body)
         self.count = inner.count
-        self.lines += inner.lines + [f"{ind}        {part}[l] = {prim.c.format(f'{part}[l]', value)};", f"{ind}    }}", f"{ind}}}",
+        self.lines += inner.lines + [f"{ind}        {part}[l] = {prim.c.format(f'{part}[l]', value)};{self.stashed(e, value)}",
+                                     f"{ind}    }}", f"{ind}}}",
                                      f"{ind}for (int l = 0; l < {n}; l++) {acc} = {prim.c.format(acc, f'{part}[l]')};",
                                      f"{ind}for (long long {r} = {main}; {r} < {e.extent.render_c()}; {r}++) {{"]
         value = self.emit_block(e.body)
-        self.lines += [f"{ind}    {acc} = {prim.c.format(acc, value)};", f"{ind}}}"]
+        self.lines += [f"{ind}    {acc} = {prim.c.format(acc, value)};{self.stashed(e, value)}", f"{ind}}}"]
         return acc
 
     def child(self, indent: str) -> _Emitter:
@@ -465,6 +471,8 @@ def default_loops(kernel: Kernel) -> Schedule:
     product (one output row) can only split its columns."""
     rank = len(kernel.shape)
     has_reduce = any(isinstance(n, Reduce) for n in walk(kernel.value))
+    if row_values(kernel):  # rows across threads; each row's reductions in vector lanes
+        return Schedule("loops", parallel=rank - 1, lanes=64)
     # (a scalar output has no loop to thread; parallel=1 then splits its first reduction)
     return Schedule("loops", parallel=max(rank, 1) if has_reduce else max(rank - 1, 1 if rank else 0))
 
@@ -498,26 +506,52 @@ def default_schedule(kernel: Kernel) -> Schedule:
                     min_rows=0 if strided or rows.is_const else 4, pack_rows=pack_rows)
 
 
+def row_values(kernel: Kernel) -> bool:
+    """Whether the kernel holds reductions that do not depend on its innermost output index
+    (row values: a softmax's max and sum, a norm's mean): the plain schedule computes them once
+    per row, before the loop over the row."""
+    inner = kernel.loop_vars[-1].name if kernel.shape else None
+    return inner is not None and any(isinstance(n, Reduce) and inner not in depends_on(n) for n in walk(kernel.value))
+
+
 def render_loops(program: KernelProgram, kernel: Kernel, schedule: Schedule) -> list[str]:
-    """The plain schedule: a loop per output dim (outer ones threaded), reductions innermost."""
-    lines, loop_vars = [], kernel.loop_vars
+    """The plain schedule: a loop per output dim (outer ones threaded), reductions innermost;
+    row values (see `row_values`) hoisted above the innermost loop."""
+    lines, loop_vars, rank = [], kernel.loop_vars, len(kernel.shape)
     value = split_reductions(kernel.value)
-    if kernel.shape and schedule.parallel:
+    hoisted = row_values(kernel)
+    parallel = min(schedule.parallel, rank - 1) if hoisted else schedule.parallel
+    if kernel.shape and parallel:
         work = numel(kernel.shape) * _reduce_work(kernel.value)
-        lines.append(f"    #pragma omp parallel for collapse({min(schedule.parallel, len(kernel.shape))}) "
+        lines.append(f"    #pragma omp parallel for collapse({min(parallel, rank)}) "
                      f"schedule(static) if(({work.render_c()}) >= {PARALLEL_MIN_WORK})")
+    loops = []
     for k, (var, extent) in enumerate(zip(loop_vars, kernel.shape)):
-        if schedule.simd and k == len(loop_vars) - 1 and k >= schedule.parallel:
-            lines.append("    #pragma omp simd")
-        lines.append(f"    for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
-    lines.append("    {")
-    emitter = _Emitter(program, "        ", threaded_reduce=not kernel.shape and schedule.parallel > 0,
-                       lanes=schedule.lanes)
-    result = emitter.emit(value)
-    lines += emitter.lines
-    lines.append(f"        b{kernel.out}[{flat_index(loop_vars, kernel.shape).render_c()}] = {result};")
-    lines.append("    }")
-    return lines
+        if schedule.simd and k == rank - 1 and k >= parallel or hoisted and k == rank - 1:
+            loops.append("#pragma omp simd")
+        loops.append(f"for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
+    emitter = _Emitter(program, "        ", threaded_reduce=not kernel.shape and parallel > 0, lanes=schedule.lanes)
+    store = f"b{kernel.out}[{flat_index(loop_vars, kernel.shape).render_c()}]"
+    if not hoisted:
+        result = emitter.emit(value)
+        return lines + [f"    {line}" for line in loops] + ["    {"] + emitter.lines + [f"        {store} = {result};", "    }"]
+    inner, reread = loop_vars[-1], {}
+    row_at = lambda var: f"b{kernel.out}[{flat_index(loop_vars[:-1] + [var], kernel.shape).render_c()}]"  # noqa: E731
+    for red in (n for n in walk(value) if isinstance(n, Reduce) and n.op == "sum_reduce"):
+        # a row sum of values the output uses again (a softmax's exponentials): the sum's loop
+        # stores them into the output row, which the output loop then reads instead of recomputing
+        element = substitute(red.body, {red.var.name: inner})
+        if red.extent == kernel.shape[-1] and inner.name not in depends_on(red) and element != value and \
+                any(n == element for n in walk(value)) and any(isinstance(n, Apply) and n.op in TRANSCENDENTAL
+                                                               for n in walk(element)):
+            emitter.stash[red], reread[element] = row_at(red.var), row_at(inner)
+    emitter.hoist(value, inner.name)  # the row values, once per row
+    body = emitter.child("    ")
+    body.names.update(reread)
+    result = body.emit(value)
+    return lines + [f"    {line}" for line in loops[:-2]] + ["    {"] + emitter.lines + \
+        [f"        {line}" for line in loops[-2:]] + ["        {"] + body.lines + \
+        [f"            {store} = {result};", "        }", "    }"]
 
 
 def _loops_with_rows(program: KernelProgram, kernel: Kernel, plan) -> list[str]:
@@ -601,10 +635,10 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
     if len(reduces) != 1 or not kernel.shape or any(isinstance(n, Gather) for n in walk(kernel.value)):
         return None
     red = reduces[0]
-    if any(isinstance(n, Reduce) for n in walk(red.body)):
-        return None
     loop_vars = kernel.loop_vars
     i, j = (loop_vars[-2] if len(loop_vars) > 1 else None), loop_vars[-1]
+    if any(isinstance(n, Reduce) for n in walk(red.body)) or j.name not in depends_on(red):
+        return None  # (a reduction not over columns is a row value: see row_values)
     rows, panels = [], []
 
     def split(e):
@@ -857,6 +891,16 @@ def _store_tile(program, kernel, plan, prim, ti, tj, kc, K) -> list[str]:
     return out + ["          }", "        }"]
 
 
+def _holds_loop(e, named: dict) -> bool:
+    """Whether `e` holds a reduction or gather outside the subtrees that already have a name."""
+    if e in named:
+        return False
+    if isinstance(e, (Reduce, Gather)):
+        return True
+    children = e.args if isinstance(e, Apply) else (e.value,) if isinstance(e, Select) else ()
+    return any(_holds_loop(c, named) for c in children)
+
+
 def _deps_outside(e, named: dict) -> frozenset:
     """Variables `e` depends on, not counting subtrees that already have a name."""
     if e in named:
@@ -898,12 +942,14 @@ def render_program(program: KernelProgram, schedules: dict | None = None) -> str
 
 
 def _reduce_work(e) -> Expr:
-    """Iterations of the innermost reductions per output element (1 when there are none)."""
-    work = sym(1)
-    for node in walk(e):
-        if isinstance(node, Reduce):
-            work = work * node.extent
-    return work
+    """Iterations of the reductions per output element (1 when there are none): nested ones
+    multiply, side by side ones (a norm's row values) add."""
+    if isinstance(e, Reduce):
+        return e.extent * _reduce_work(e.body)
+    children = e.args if isinstance(e, Apply) else (e.value,) if isinstance(e, Select) else \
+        (e.index, e.body) if isinstance(e, Gather) else ()
+    parts = [w for w in map(_reduce_work, children) if w != sym(1)]
+    return sum(parts[1:], parts[0]) if parts else sym(1)
 
 
 class ThreadChooser:
@@ -980,6 +1026,7 @@ class CPUProgram(Program):
         self._arena = np.empty(0, np.float32)
         self._pointers: dict[int, ctypes.Array] = {}  # id(memory plan) -> the buffers' addresses
         self._addresses: dict[str, tuple] = {}  # input name -> (the array last passed, its address)
+        self._outputs: dict[str, np.ndarray] = {}  # output name -> the array the last call returned
         if self.debug >= 3:
             for k in self.kernels.kernels:
                 print(f"[luminar] IR {k.name} {k.shape}: {k.value}", file=sys.stderr)
@@ -1027,7 +1074,13 @@ class CPUProgram(Program):
                 known = self._addresses[name] = (arrays[name], arrays[name].ctypes.data)
             pointers[buf] = known[1]
         for name, buf in kp.outputs.items():
-            results[name] = np.empty(tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]), np.float32)
+            shape = tuple(int(d.evaluate(env)) for d in kp.output_shapes[name])
+            last = self._outputs.get(name)
+            # Reuse last call's array when nothing else refers to it (only this dict, `last` and
+            # getrefcount's argument): its pages are already mapped, where a fresh large array
+            # page-faults on every first write.
+            reuse = last is not None and last.shape == shape and sys.getrefcount(last) == 3
+            results[name] = self._outputs[name] = last if reuse else np.empty(shape, np.float32)
             pointers[buf] = results[name].ctypes.data
         dims = (ctypes.c_longlong * max(len(kp.dims), 1))(*[env[d] for d in kp.dims])
         if self.debug >= 1:

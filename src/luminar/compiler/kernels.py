@@ -286,7 +286,7 @@ def canonical_form(kernel: Kernel) -> tuple[Kernel, list[int]]:
             return Apply(e.op, tuple(visit(a) for a in e.args))
         if isinstance(e, (Reduce, Gather)):
             index = visit(e.index) if isinstance(e, Gather) else None
-            var = Var(f"_r{len(names)}", *e.var.bounds())
+            var = names.get(e.var.name) or Var(f"_r{len(names)}", *e.var.bounds())  # (a shared row value: one name)
             names[e.var.name] = var
             body = visit(e.body)
             if isinstance(e, Gather):
@@ -333,6 +333,7 @@ class _Lowering:
         self.buffer_of: dict[int, int] = {}  # node id -> buffer id
         self.kernels: list[Kernel] = []
         self.reduce_vars = 0
+        self.reductions: dict = {}  # (node id, index, guard) -> its IR
         uses: dict[int, list] = {}
         for n in graph.nodes:
             for src, tracker in n.srcs:
@@ -344,23 +345,37 @@ class _Lowering:
         #   reduction (cheaper than a round trip through memory), else it gets a buffer;
         # - an inlined node computes every reduction and transcendental (sin, exp2, ...) inlined
         #   beneath it once per element read, so if its consumer reads elements more than once (a
-        #   broadcast, e.g. RoPE'd queries against every key), it gets a buffer.
-        holds_reduce: dict[int, bool] = {}
-        transcendental: dict[int, bool] = {}
-        cost: dict[int, int] = {}
+        #   broadcast, e.g. RoPE'd queries against every key), it gets a buffer;
+        # - except a row broadcast (a per-row value read along the last axis: a norm's mean, a
+        #   softmax's max and sum): that is inlined as a *row value*, which the renderer computes
+        #   once per row before the loop over the row (a norm or softmax is then one kernel whose
+        #   row stays in cache). A node holding row values is inlined only where that loop stays
+        #   innermost: read in order by elementwise ops or by a reduction over the last axis.
+        holds_reduce, holds_row, transcendental, cost = {}, {}, {}, {}
         for n in graph.nodes:
-            inlined = [src for src, _ in n.srcs if src.id not in self.realized]
-            holds_reduce[n.id] = bool(n.primitive and n.primitive.kind == "reduce") or any(
-                holds_reduce[src.id] for src in inlined)
-            cost[n.id] = (n.op not in DATA_OPS) + sum(cost[src.id] for src in inlined)
-            transcendental[n.id] = n.op in TRANSCENDENTAL or any(transcendental[src.id] for src in inlined)
+            holds_reduce[n.id] = bool(n.primitive and n.primitive.kind == "reduce")
+            holds_row[n.id] = transcendental[n.id] = False
+            cost[n.id] = n.op not in DATA_OPS
+            for src, tracker in n.srcs:
+                if src.id in self.realized:
+                    continue
+                if _row_broadcast(tracker, src.shape):  # computed per row, not per element of n
+                    holds_row[n.id] |= holds_reduce[src.id] or holds_row[src.id]
+                    continue
+                holds_reduce[n.id] |= holds_reduce[src.id]
+                holds_row[n.id] |= holds_row[src.id]
+                cost[n.id] += cost[src.id]
+                transcendental[n.id] |= transcendental[src.id]
+            transcendental[n.id] |= n.op in TRANSCENDENTAL
             n_uses = uses.get(n.id, ())
             if n.op == "constant" or n.id in self.realized:
                 continue
             if len(n_uses) > 1 and (holds_reduce[n.id] or cost[n.id] > RECOMPUTE_MAX_OPS):
                 self.realized.add(n.id)
             elif len(n_uses) == 1 and (holds_reduce[n.id] or transcendental[n.id]) \
-                    and _read_more_than_once(n, n_uses):
+                    and _read_more_than_once(n, n_uses) and not _keeps_rows(*n_uses[0], n):
+                self.realized.add(n.id)
+            elif holds_row[n.id] and not all(_keeps_rows(consumer, tracker, n) for consumer, tracker in n_uses):
                 self.realized.add(n.id)
 
     def new_buffer(self, numel, dtype, kind, name) -> int:
@@ -422,14 +437,20 @@ class _Lowering:
             return self.read(*node.srcs[0], idx, guard)
         prim = node.primitive
         if prim.kind == "reduce":
-            src, tracker = node.srcs[0]
-            extent = tracker.shape[node.axis]
-            var = Var(f"_r{self.reduce_vars}", 0, max(extent.value - 1, 0) if extent.is_const else None)
-            self.reduce_vars += 1
-            src_idx = list(idx[:node.axis]) + [var] + list(idx[node.axis:])
-            reduction = Reduce(prim.name, var, extent, self.read(src, tracker, src_idx, guard))
-            return unroll_short_reduction(gather_one_hot(reduction))
+            key = (node.id, tuple(idx), guard)  # one IR node per reduction: a row value read twice is computed once
+            if key not in self.reductions:
+                self.reductions[key] = self.reduction(node, idx, guard)
+            return self.reductions[key]
         return apply(prim.name, *(self.read(s, t, idx, guard) for s, t in node.srcs))
+
+    def reduction(self, node: Node, idx, guard: Expr):
+        src, tracker = node.srcs[0]
+        extent = tracker.shape[node.axis]
+        var = Var(f"_r{self.reduce_vars}", 0, max(extent.value - 1, 0) if extent.is_const else None)
+        self.reduce_vars += 1
+        src_idx = list(idx[:node.axis]) + [var] + list(idx[node.axis:])
+        reduction = Reduce(node.op, var, extent, self.read(src, tracker, src_idx, guard))
+        return unroll_short_reduction(gather_one_hot(reduction))
 
 
 def _read_more_than_once(node: Node, uses) -> bool:
@@ -437,6 +458,25 @@ def _read_more_than_once(node: Node, uses) -> bool:
     an in-order read of the same shape (a broadcast, a window) - or a Contiguous copy of it."""
     consumer, tracker = uses[0]
     return consumer.op == "contiguous" or not (tracker.is_contiguous() and tracker.shape == node.shape)
+
+
+def _row_broadcast(tracker: ShapeTracker, shape) -> bool:
+    """Whether `tracker` reads a buffer of `shape` in order, each element repeated along a new
+    (or size-1) last axis of more than one element: how a row's mean or max meets the row."""
+    if tracker.ndim < 1 or tracker.strides[-1] != sym(0) or tracker.shape[-1] == sym(1) or tracker.valid != sym(1):
+        return False
+    rows = ShapeTracker(tracker.shape[:-1], tracker.strides[:-1], tracker.offset, sym(1))
+    return rows.is_contiguous() and numel(rows.shape) == numel(shape)
+
+
+def _keeps_rows(consumer: Node, tracker: ShapeTracker, node: Node) -> bool:
+    """Whether `consumer` reading `node` (which holds row values) keeps the row loop innermost."""
+    if _row_broadcast(tracker, node.shape):
+        return True
+    if not (tracker.is_contiguous() and numel(tracker.shape) == numel(node.shape)):  # in order, maybe reshaped
+        return False
+    prim = consumer.primitive
+    return prim is not None and (prim.kind != "reduce" or consumer.axis == tracker.ndim - 1)
 
 
 def _source_index(tracker: ShapeTracker, shape, idx) -> list | None:
