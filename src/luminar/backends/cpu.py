@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load,
-                                Reduce, Select, canonical_form, depends_on, flat_index, loads, lower, numel,
+                                Lowering, Reduce, Select, canonical_form, depends_on, flat_index, loads, numel,
                                 split_reductions, substitute, walk)
 from ..compiler.memory import ALIGN, MemoryPlan, lifetimes, plan_memory
 from ..errors import UnsupportedError
@@ -391,6 +391,7 @@ def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
 
 
 TILE_ROWS, TILE_COLS, ROW_CHUNK = 8, 32, 64  # the default register tile and row block
+ONLINE_ROWS, ONLINE_KEYS = 16, 64  # an online-softmax kernel's block of query rows x keys
 
 
 @dataclass(frozen=True)
@@ -404,6 +405,8 @@ class Schedule:
       lanes     innermost reductions keep this many partial accumulators (a split reduction)
       simd      the innermost output loop carries `omp simd` (vectorize it, for kernels without
                 a reduction)
+    kind "online" (an online-softmax kernel, see compiler/online.py and backends/online.py): blocks
+      of ti query rows x tj keys
     kind "tiled" (a reduction with row x column structure, see `plan_tiles`): register tiles of
       ti rows x tj columns with the reduction loop outside the tile, panel operands (what depends
       on the column and the reduction, not the row) copied into a contiguous local buffer.
@@ -433,6 +436,8 @@ class Schedule:
     pack_rows: bool = False
 
     def describe(self) -> str:
+        if self.kind == "online":
+            return f"online softmax, blocks of {self.ti} rows x {self.tj} keys"
         if self.kind == "loops":
             extra = "".join([f" lanes={self.lanes}" if self.lanes > 1 else "", " simd" if self.simd else ""])
             return f"loops parallel={self.parallel}{extra}"
@@ -453,7 +458,11 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
         const = "" if b == kernel.out else "const "
         lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
     plan = plan_tiles(kernel) if schedule.kind == "tiled" else None
-    if plan is None:
+    if schedule.kind == "online":
+        from ..compiler.online import online_plan
+        from .online import render_online
+        lines += render_online(program, kernel, online_plan(kernel), schedule.ti, schedule.tj)
+    elif plan is None:
         lines += render_loops(program, kernel, schedule if schedule.kind == "loops" else default_loops(kernel))
     elif schedule.min_rows and plan.i is not None and not kernel.shape[-2].is_const:
         lines.append(f"    if (({kernel.shape[-2].render_c()}) < {schedule.min_rows}) {{")
@@ -485,6 +494,10 @@ def default_schedule(kernel: Kernel) -> Schedule:
     W dequantized in the loop) tiles only from 4 rows on: its panel (W, dequantized once per
     column block) is then reused by every row, while a single row (decoding) is a dot product
     per output. (Measured here: a Q4_1 1536x576 linear over 512 rows runs ~20x faster tiled.)"""
+    if sum(isinstance(n, Reduce) for n in walk(kernel.value)) >= 3:  # (cheap test first)
+        from ..compiler.online import online_plan
+        if online_plan(kernel) is not None:
+            return Schedule("online", ti=ONLINE_ROWS, tj=ONLINE_KEYS)
     plan = plan_tiles(kernel)
     if plan is None:
         return default_loops(kernel)
@@ -1005,9 +1018,13 @@ class CPUProgram(Program):
                                    f"known: search, search_dims, seed")
         from ..compiler import search as search_module
         self.debug = int(os.environ.get("LUMINAR_DEBUG", "0") or 0)
-        self.kernels = lower(graph)
+        lowering = Lowering(graph)
+        self.kernels = lowering.run()
         self.search = search_module.options(search, search_dims, seed, dims=self.kernels.dims)
-        self.choices = search_module.search_program(self.kernels, self.search) if self.search else {}
+        self.fusions, self.choices = [], {}
+        if self.search:
+            self.kernels, self.fusions, fixed = search_module.search_fusion(lowering, self.kernels, self.search)
+            self.choices = search_module.search_program(self.kernels, self.search, fixed)
         self.source = render_program(self.kernels, {name: c.schedule for name, c in self.choices.items()})
         started = time.perf_counter()
         self.library = cc.load(self.source)
@@ -1040,7 +1057,7 @@ class CPUProgram(Program):
         """Text: each kernel's schedule and where it came from; with search, the candidates tried
         with their times and the rewrites that turned the naive loop nest into the chosen one."""
         from ..compiler.search import explain
-        return explain(self.kernels, self.choices, self.search)
+        return explain(self.kernels, self.choices, self.search, self.fusions)
 
     def memory_plan(self, env: dict[str, int], exact: bool = False) -> MemoryPlan:
         """The arena layout for these dim values. Calls plan for dims rounded up to a power of two,

@@ -177,6 +177,7 @@ def apply(op: str, *args):
 
 TRANSCENDENTAL = ("exp2", "log2", "sin", "sqrt", "recip")  # ops worth storing rather than recomputing per read
 RECOMPUTE_MAX_OPS = 4  # a node this cheap is recomputed by each user instead of stored
+INDEX_ONLY_MAX_OPS = 32  # the same for nodes that read no buffer (masks from index compares)
 UNROLL_REDUCE_MAX = 4  # reductions this short become straight-line code (relu = max over [x, 0])
 
 
@@ -326,8 +327,12 @@ def gather_one_hot(e: Reduce):
     return e
 
 
-class _Lowering:
-    def __init__(self, graph: Graph):
+class Lowering:
+    """One lowering of a graph: which nodes get a buffer (`realized`, decided when constructed;
+    node ids in `inline` never do unless they are inputs or outputs), then `run` for the kernels.
+    `buffer_of` maps a realized node's id to its buffer once run."""
+
+    def __init__(self, graph: Graph, inline: frozenset = frozenset()):
         self.graph = graph
         self.buffers: list[Buffer] = []
         self.buffer_of: dict[int, int] = {}  # node id -> buffer id
@@ -351,11 +356,14 @@ class _Lowering:
         #   once per row before the loop over the row (a norm or softmax is then one kernel whose
         #   row stays in cache). A node holding row values is inlined only where that loop stays
         #   innermost: read in order by elementwise ops or by a reduction over the last axis.
-        holds_reduce, holds_row, transcendental, cost = {}, {}, {}, {}
+        # - a node that reads no buffer (index arithmetic: a causal mask) is recomputed up to
+        #   INDEX_ONLY_MAX_OPS ops: a few integer compares cost less than an S x S buffer.
+        holds_reduce, holds_row, transcendental, cost, reads = {}, {}, {}, {}, {}
         for n in graph.nodes:
             holds_reduce[n.id] = bool(n.primitive and n.primitive.kind == "reduce")
             holds_row[n.id] = transcendental[n.id] = False
             cost[n.id] = n.op not in DATA_OPS
+            reads[n.id] = n.op == "input" or any(src.id in self.realized or reads[src.id] for src, _ in n.srcs)
             for src, tracker in n.srcs:
                 if src.id in self.realized:
                     continue
@@ -368,15 +376,17 @@ class _Lowering:
                 transcendental[n.id] |= transcendental[src.id]
             transcendental[n.id] |= n.op in TRANSCENDENTAL
             n_uses = uses.get(n.id, ())
-            if n.op == "constant" or n.id in self.realized:
+            if n.op == "constant" or n.id in self.realized or n.id in inline:
                 continue
-            if len(n_uses) > 1 and (holds_reduce[n.id] or cost[n.id] > RECOMPUTE_MAX_OPS):
+            if len(n_uses) > 1 and (holds_reduce[n.id] or cost[n.id] > (RECOMPUTE_MAX_OPS if reads[n.id] else
+                                                                        INDEX_ONLY_MAX_OPS)):
                 self.realized.add(n.id)
             elif len(n_uses) == 1 and (holds_reduce[n.id] or transcendental[n.id]) \
                     and _read_more_than_once(n, n_uses) and not _keeps_rows(*n_uses[0], n):
                 self.realized.add(n.id)
             elif holds_row[n.id] and not all(_keeps_rows(consumer, tracker, n) for consumer, tracker in n_uses):
                 self.realized.add(n.id)
+        self.holds_row = holds_row
 
     def new_buffer(self, numel, dtype, kind, name) -> int:
         self.buffers.append(Buffer(len(self.buffers), numel, dtype, kind, name))
@@ -526,6 +536,7 @@ def flat_index(idx, shape) -> Expr:
     return sum((i * s for i, s in zip(idx, row_major_strides(shape))), sym(0))
 
 
-def lower(graph: Graph) -> KernelProgram:
-    """Partition `graph` into kernels (default fusion) and express each as IR."""
-    return _Lowering(graph).run()
+def lower(graph: Graph, inline: frozenset = frozenset()) -> KernelProgram:
+    """Partition `graph` into kernels (default fusion; node ids in `inline` are never given a
+    buffer unless they are inputs or outputs) and express each as IR."""
+    return Lowering(graph, inline).run()

@@ -581,17 +581,20 @@ class Bench:
         self.calls[k](self.pointers, self.dims)
         return out.copy()
 
-    def validate(self) -> list[bool]:
+    def validate(self, expected: np.ndarray | None = None) -> list[bool]:
         """Whether each variant is right: its output matches the oracle at sampled positions (all
-        of them for small outputs; else random ones, the first and the last) and, where the
-        first variant (the default) is right, the default's output everywhere."""
+        of them for small outputs; else random ones, the first and the last) -- or `expected`
+        everywhere when given -- and, where the first variant is right, its output everywhere."""
         n = self.arrays[self.kernel.out].size
         rng = np.random.default_rng(self.seed)
-        which = np.arange(n) if n <= 4096 else np.unique(np.concatenate(
+        which = np.arange(n) if n <= 4096 or expected is not None else np.unique(np.concatenate(
             [rng.integers(0, n, 2048), np.arange(64), np.arange(n - 64, n)]))
         which = np.ascontiguousarray(which, dtype=np.int64)
         truth = np.empty(len(which), np.float32)
-        self.oracle(self.pointers, self.dims, which.ctypes.data, len(which), truth.ctypes.data)
+        if expected is not None:
+            truth = expected[which]
+        else:
+            self.oracle(self.pointers, self.dims, which.ctypes.data, len(which), truth.ctypes.data)
         finite = np.abs(truth[np.isfinite(truth)])
         atol = RTOL * (float(finite.max()) if finite.size else 1.0) + 1e-6
         close = lambda a, b: bool(np.isclose(a, b, rtol=RTOL, atol=atol, equal_nan=True).all())  # noqa: E731
@@ -609,6 +612,8 @@ class Bench:
         once already (the warm-up); after each round, variants slower than 1.5x the best so far
         drop out, and rounds stop when the budget is spent (at least 3 rounds for the leaders)."""
         samples = {k: [] for k in which}
+        if not which:
+            return {}
         reps = dict.fromkeys(which, 1)
         deadline = time.perf_counter() + budget_s
         alive = list(which)
@@ -769,9 +774,10 @@ def pick(ranked: list, count: int) -> list:
     return (firsts + [s for s in ranked if s not in firsts])[:count]
 
 
-def search_program(program: KernelProgram, opts: SearchOptions) -> dict[str, Choice]:
+def search_program(program: KernelProgram, opts: SearchOptions, fixed: dict | None = None) -> dict[str, Choice]:
     """A Choice per kernel name: structurally identical kernels share one search, each kernel
-    structure is looked up in the tuning cache first, and the budget bounds the whole."""
+    structure is looked up in the tuning cache first, and the budget bounds the whole. `fixed`
+    maps fingerprints to schedules already chosen (online-softmax kernels, by search_fusion)."""
     started = time.perf_counter()
     groups: dict[str, list[Kernel]] = {}
     for kernel in program.kernels:
@@ -787,7 +793,9 @@ def search_program(program: KernelProgram, opts: SearchOptions) -> dict[str, Cho
     for fp, kernels, bucket, big in plans:
         kernel, env = kernels[0], opts.dims
         key = tuning_key(fp, bucket, opts.seed)
-        choice = load_tuning(key) if big else None
+        choice = Choice(fixed[fp], "fused") if fp in (fixed or {}) else load_tuning(key) if big else None
+        if choice is None and default_schedule(kernel).kind == "online":
+            choice = Choice(default_schedule(kernel), "default")  # (no loop-nest search for these)
         if choice is None:
             left = opts.budget_s - (time.perf_counter() - started)
             default = default_schedule(kernel)
@@ -814,6 +822,108 @@ def search_program(program: KernelProgram, opts: SearchOptions) -> dict[str, Cho
     return choices
 
 
+# -- fusion: the online-softmax rewrite, kept where it measures faster -------------------------------
+ONLINE_TILES = ((64, 64), (32, 64), (64, 32), (16, 64))  # (query rows, keys) per block, the first the default
+
+
+@dataclass
+class Fusion:
+    """One fusion choice: inline a softmax region into the kernel consuming it (rendered as a
+    single-pass online-softmax kernel), or keep the default kernels, whichever measured faster."""
+    replaced: list  # names of the default kernels the fused one replaces
+    kernel: str  # the fused kernel's name in the fused lowering
+    unfused_s: float  # the replaced kernels' median times, summed
+    candidates: list  # [description, median seconds or None (failed validation)] of the fused kernel
+    schedule: Schedule  # the fastest valid online schedule
+    chosen: bool
+    arena: tuple = (0, 0)  # bytes of temporaries in the shape bucket: (unfused, fused)
+    source: str = "searched"  # | "cached"
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def search_fusion(lowering, program: KernelProgram, opts: SearchOptions):
+    """(program, fusions, schedules): the program lowered with every fusion region (compiler/online.py)
+    whose online-softmax kernel beat the kernels it replaces, timed in the shape bucket (a fused
+    kernel failing validation never wins), and the chosen online schedule by kernel fingerprint.
+    Decisions are cached like schedules."""
+    from .kernels import Lowering
+    from .memory import plan_memory
+    from .online import absorbed_by, fusion_regions
+    regions = fusion_regions(lowering)
+    everything = frozenset().union(*(r for _, r in regions))
+    trial = Lowering(lowering.graph, everything)
+    fused = trial.run() if regions else program
+    by_out, default_by_out = {k.out: k for k in fused.kernels}, {k.out: k for k in program.kernels}
+    chosen, fusions, decided, schedules = set(), [], {}, {}
+    for p, region in regions:
+        target = absorbed_by(trial, p)
+        kernel = by_out.get(trial.buffer_of.get(target))
+        if kernel is None or default_schedule(kernel).kind != "online":
+            continue
+        replaced = [default_by_out[lowering.buffer_of[n]] for n in sorted(region | {target})
+                    if lowering.buffer_of.get(n) in default_by_out]
+        fp = fingerprint(fused, kernel)
+        if fp not in decided:
+            key = tuning_key("fusion " + fp, opts.dims, opts.seed)
+            decided[fp] = _load_fusion(key) or _time_fusion(program, replaced, fused, kernel, opts, key)
+        decision = decided[fp]
+        arena = tuple(plan_memory(kp, opts.dims).arena_bytes for kp in (program, fused))
+        fusions.append(dataclasses.replace(decision, replaced=[k.name for k in replaced], kernel=kernel.name, arena=arena))
+        if decision.chosen:
+            chosen |= region
+            schedules[fp] = decision.schedule
+    if chosen and chosen != everything:
+        return Lowering(lowering.graph, frozenset(chosen)).run(), fusions, schedules
+    return (fused if chosen else program), fusions, schedules
+
+
+def _time_fusion(program, replaced, fused, kernel, opts, key) -> Fusion:
+    unfused = 0.0
+    for k in replaced:
+        bench = Bench(program, k, [default_schedule(k)], opts.dims, opts.seed)
+        bench.validate()
+        unfused += bench.time([0], 0.2)[0]
+    schedules = [Schedule("online", ti=ti, tj=tj) for ti, tj in ONLINE_TILES]
+    bench = Bench(fused, kernel, schedules, opts.dims, opts.seed)
+    valid = bench.validate(_unfused_output(program, replaced, fused, bench))
+    times = bench.time([k for k, ok in enumerate(valid) if ok], 0.5)
+    best = min(times, key=times.get, default=0)
+    decision = Fusion([], kernel.name, unfused, [[s.describe(), times.get(k)] for k, s in enumerate(schedules)],
+                      schedules[best], best in times and times[best] < unfused * (1 - NOISE))
+    store_tuning(key, decision)
+    return decision
+
+
+def _unfused_output(program, replaced, fused, bench) -> np.ndarray:
+    """What the fused kernel must compute: the kernels it replaces, run in order with their
+    default schedules on the fused kernel's random inputs. (The fused kernel's own oracle
+    recomputes the scores in several loops, where one rounding apart is inf for masked scores
+    of -1e30 times a random mask.)"""
+    chain = sorted(replaced, key=program.kernels.index)
+    lib = cc.load("\n\n".join([PRELUDE] + [render_kernel(program, dataclasses.replace(k, name=f"lm_chain{n}"))
+                                            .replace("static void", "void", 1) for n, k in enumerate(chain)]))
+    given = {fused.buffers[b].name: arr for b, arr in bench.arrays.items() if b != bench.kernel.out}
+    pointers, arrays = (ctypes.c_void_p * len(program.buffers))(), {}
+    for b in sorted({ld.buffer for k in chain for ld in loads(k.value)} | {k.out for k in chain}):
+        buf = program.buffers[b]
+        arrays[b] = given.get(buf.name, np.zeros(int(buf.numel.evaluate(bench.env)), np.float32))
+        pointers[b] = arrays[b].ctypes.data
+    for n in range(len(chain)):
+        _c_function(lib, f"lm_chain{n}", [ctypes.c_void_p] * 2)(pointers, bench.dims)
+    return arrays[chain[-1].out]
+
+
+def _load_fusion(key: str) -> Fusion | None:
+    try:
+        data = json.loads(tuning_path(key).read_text())
+        return Fusion(**{**data, "schedule": Schedule(**data["schedule"]), "arena": tuple(data["arena"]),
+                         "source": "cached"})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _inner_work(kernel: Kernel, env: dict) -> int:
     work = 1
     for node in walk(kernel.value):
@@ -822,12 +932,21 @@ def _inner_work(kernel: Kernel, env: dict) -> int:
     return work
 
 
-def explain(program: KernelProgram, choices: dict[str, Choice], opts: SearchOptions | None) -> str:
-    """Each kernel: its schedule and where it came from; for searched kernels the candidates with
-    their times and the rewrites that turned the naive loop nest into the chosen one."""
+def explain(program: KernelProgram, choices: dict[str, Choice], opts: SearchOptions | None, fusions=()) -> str:
+    """Each fusion choice with its times and memory; each kernel: its schedule and where it came
+    from; for searched kernels the candidates with their times and the rewrites that turned the
+    naive loop nest into the chosen one."""
     head = "search off: every kernel has the rule-chosen default schedule" if opts is None else \
         f"search: budget {opts.budget_s:g} s, seed {opts.seed}, shape bucket {opts.dims or '{}'}"
     lines = [f"{len(program.kernels)} kernels; {head}"]
+    for f in fusions:
+        verdict = f"fused into {f.kernel}" if f.chosen else "kept unfused"
+        lines.append(f"fusion: online softmax over {' + '.join(f.replaced)}: {verdict} [{f.source}]; "
+                     f"unfused {f.unfused_s * 1e3:.3f} ms, arena {f.arena[0] / 1e6:.1f} MB -> fused "
+                     f"{f.arena[1] / 1e6:.1f} MB")
+        for desc, seconds in f.candidates:
+            mark = " <- chosen" if f.chosen and desc == f.schedule.describe() else ""
+            lines.append(f"    {'   failed' if seconds is None else f'{seconds * 1e3:9.3f} ms'}  {desc}{mark}")
     first: dict[int, str] = {}
     for kernel in program.kernels:
         choice = choices.get(kernel.name) or Choice(default_schedule(kernel), "default")

@@ -1,0 +1,182 @@
+"""C for online-softmax kernels (compiler/online.py): flash attention, tiled for the CPU.
+
+Threads take (batch, block of `ti` query rows). For each block of `tj` keys: the block's keys
+and values are packed, the ti x tj scores come from a vector micro-kernel (query rows times the
+packed keys, then the rest of the score expression: scale, mask), each row's running max, sum
+and output accumulators are rescaled and updated, and a second micro-kernel adds the weights
+times the packed values. Only ti x tj scores ever exist (on the stack), never S x S.
+
+Two exact skips make a causal mask cost half: when the score is affine in the dot product and
+its slope is 0 on a whole block (every position masked), the dot products are not computed;
+when every weight of a row in the block is 0 (exp2 underflows), that row's update is skipped.
+Both assume finite q, k, v, as PyTorch's causal kernel does (it never reads masked positions).
+"""
+from __future__ import annotations
+
+from ..compiler.kernels import Apply, Const, Kernel, KernelProgram, Reduce, depends_on, substitute, walk
+from ..compiler.online import OnlinePlan, factors, same
+from ..ops import PRIMITIVES
+from ..symbolic import Var
+
+
+def slope(e, target):
+    """d e / d target when `e` is affine in `target` (which occurs once, under adds and products
+    with target-free operands), as an IR expression free of target; else None."""
+    if e == target:
+        return Const(1.0)
+    if not (isinstance(e, Apply) and e.op in ("add", "mul")):
+        return None
+    holders = [k for k, a in enumerate(e.args) if target in set(walk(a))]
+    if len(holders) != 1:
+        return None
+    inner = slope(e.args[holders[0]], target)
+    return inner if inner is None or e.op == "add" else Apply("mul", (inner, e.args[1 - holders[0]]))
+
+
+def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: int, tj: int) -> list[str]:
+    from .cpu import PARALLEL_MIN_WORK, _Emitter, render_float
+    *batch, i, d = kernel.loop_vars
+    j, k = plan.total.var.name, plan.dot.var.name
+    M, N = kernel.shape[-2].render_c(), plan.total.extent.render_c()
+    D, K = kernel.shape[-1].value, plan.dot.extent.value
+    nv, c = tj // 16, render_float(plan.scale)
+    vmax = PRIMITIVES["max_reduce"].c  # NaN-propagating, as the max_reduce it replaces
+
+    count = [0]  # C names stay unique across the emitters of one function
+
+    def emit(expr, indent, names=None, declare=""):
+        em = _Emitter(program, indent)
+        em.names.update(names or {})
+        em.count = count[0]
+        value = em.emit(expr)
+        count[0] = em.count
+        return ([indent + declare] if declare else []) + em.lines, value
+
+    work = kernel.shape[-2] * plan.total.extent * (D + K)
+    for v, n in zip(batch, kernel.shape):
+        work = work * n
+    out = ["    typedef float lm_v16 __attribute__((vector_size(64)));",
+           f"    #pragma omp parallel for collapse({len(batch) + 1}) schedule(dynamic) "
+           f"if(({work.render_c()}) >= {PARALLEL_MIN_WORK})"]
+    out += [f"    for (long long {v.name} = 0; {v.name} < {n.render_c()}; {v.name}++)" for v, n in zip(batch, kernel.shape)]
+    clamp_i = f"const long long {i.name} = lm_i0 + lm_ii < {M} ? lm_i0 + lm_ii : {M} - 1;"
+    clamp_j = f"const long long {j} = lm_j0 + lm_jj < {N} ? lm_j0 + lm_jj : {N} - 1;"
+    out += [f"    for (long long lm_i0 = 0; lm_i0 < {M}; lm_i0 += {ti}) {{",
+            f"      float lm_qp[{ti}][{K}] __attribute__((aligned(64))), lm_kt[{K}][{tj}] __attribute__((aligned(64)));",
+            f"      float lm_vp[{tj}][{D}] __attribute__((aligned(64))), lm_acc[{ti}][{D}] __attribute__((aligned(64)));",
+            f"      float lm_s[{ti}][{tj}] __attribute__((aligned(64))), lm_p[{ti}][{tj}] __attribute__((aligned(64)));",
+            f"      float lm_m[{ti}], lm_l[{ti}], lm_alpha[{ti}]; int lm_live[{ti}];",
+            f"      const int lm_nr = {M} - lm_i0 < {ti} ? (int)(({M} - lm_i0 + 3) / 4 * 4) : {ti};  /* rows in use, whole fours */",
+            f"      for (int lm_ii = 0; lm_ii < lm_nr; lm_ii++) {{ lm_m[lm_ii] = -INFINITY; lm_l[lm_ii] = 0.0f; "
+            f"for (int lm_dd = 0; lm_dd < {D}; lm_dd++) lm_acc[lm_ii][lm_dd] = 0.0f; }}",
+            f"      for (int lm_ii = 0; lm_ii < lm_nr; lm_ii++) {{", f"        {clamp_i}",
+            f"        for (long long {k} = 0; {k} < {K}; {k}++) {{"]
+    lines, q = emit(plan.query, "          ")
+    out += lines + [f"          lm_qp[lm_ii][{k}] = {q};", "        }", "      }",
+                    f"      for (long long lm_j0 = 0; lm_j0 < {N}; lm_j0 += {tj}) {{"]
+    # -- does this block's score depend on the dot product at all? (the score is affine in it: slope 0?)
+    if slope(plan.score, plan.dot) is not None:
+        out += ["        int lm_dotless = 1; float lm_top0 = -INFINITY;", f"        for (int lm_ii = 0; lm_ii < lm_nr && lm_dotless; lm_ii++) {{",
+                f"          {clamp_i}", "          #pragma omp simd reduction(&:lm_dotless) reduction(max:lm_top0)",
+                f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{", f"            {clamp_j}"]
+        em = _Emitter(program, "            ")
+        em.count = count[0]
+        _emit_free(em, plan.score, plan.dot)  # the mask: shared by both evaluations
+        inner = em.child("")
+        inner.names[plan.dot] = "0.0f"
+        at = [inner.emit(plan.score)]  # the score at dot = 0, then its slope
+        em.lines, em.count = em.lines + inner.lines, inner.count
+        at.append(em.emit(slope(plan.score, plan.dot)))
+        count[0] = em.count
+        out += em.lines + [f"            lm_dotless &= ({at[1]} == 0.0f);",
+                           f"            lm_top0 = lm_j0 + lm_jj < {N} && {at[0]} > lm_top0 ? {at[0]} : lm_top0;", "          }", "        }",
+                           # every weight of the block is 0 for rows that have seen a key: nothing changes
+                           "        int lm_dead = lm_dotless && lm_top0 == lm_top0;",
+                           f"        for (int lm_ii = 0; lm_ii < lm_nr && lm_dead; lm_ii++) "
+                           f"lm_dead = lm_m[lm_ii] != -INFINITY && lm_exp2((lm_top0 - lm_m[lm_ii]) * {c}) == 0.0f;",
+                           "        if (lm_dead) continue;"]
+    else:
+        out.append("        const int lm_dotless = 0;")
+    # -- pack this block's keys and values; the scores' dot products by a vector micro-kernel
+    out += [f"        for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{", f"          {clamp_j}",
+            f"          if (!lm_dotless) for (long long {k} = 0; {k} < {K}; {k}++) {{"]
+    lines, key = emit(plan.key, "            ")
+    out += lines + [f"            lm_kt[{k}][lm_jj] = {key};", "          }",
+                    f"          for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
+    lines, value = emit(plan.value, "            ")
+    out += lines + [f"            lm_vp[lm_jj][{d.name}] = {value};", "          }", "        }",
+                    f"        if (!lm_dotless) for (int lm_ii = 0; lm_ii < lm_nr; lm_ii += 4) {{",
+                    f"          lm_v16 lm_c[4][{nv}];",
+                    f"          for (int lm_r = 0; lm_r < 4; lm_r++) for (int lm_v = 0; lm_v < {nv}; lm_v++) lm_c[lm_r][lm_v] = (lm_v16){{0}};",
+                    f"          for (long long lm_kk = 0; lm_kk < {K}; lm_kk++) {{",
+                    "            const lm_v16 *restrict lm_kv = (const lm_v16 *)lm_kt[lm_kk];",
+                    "            #pragma GCC unroll 4", "            for (int lm_r = 0; lm_r < 4; lm_r++)",
+                    f"              #pragma GCC unroll {nv}",
+                    f"              for (int lm_v = 0; lm_v < {nv}; lm_v++) lm_c[lm_r][lm_v] += lm_qp[lm_ii + lm_r][lm_kk] * lm_kv[lm_v];", "          }",
+                    "          for (int lm_r = 0; lm_r < 4; lm_r++) for (int lm_v = 0; lm_v < nv_; lm_v++) ((lm_v16 *)lm_s[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];"
+                    .replace("nv_", str(nv)), "        }"]
+    # -- the online update of each row
+    out += [f"        for (int lm_ii = 0; lm_ii < lm_nr; lm_ii++) {{", f"          {clamp_i}", "          float lm_top = -INFINITY;",
+            "          int lm_nan = 0;", "          #pragma omp simd reduction(max:lm_top) reduction(|:lm_nan)",
+            f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{", f"            {clamp_j}"]
+    lines, a = emit(plan.score, "            ", {plan.dot: "lm_dot"}, "const float lm_dot = lm_dotless ? 0.0f : lm_s[lm_ii][lm_jj];")
+    out += lines + [f"            const float lm_a = lm_j0 + lm_jj < {N} ? {a} : -INFINITY;",
+                    "            lm_s[lm_ii][lm_jj] = lm_a;", "            lm_top = lm_top > lm_a ? lm_top : lm_a;", "            lm_nan |= lm_a != lm_a;",
+                    "          }", "          if (lm_nan) lm_top = NAN;  /* max_reduce propagates NaN */",
+                    f"          const float lm_mnew = {vmax.format('lm_m[lm_ii]', 'lm_top')};",
+                    "          const float lm_shift = lm_mnew == -INFINITY ? 0.0f : lm_mnew;  /* a row masked so far: weights 0 */",
+                    f"          lm_live[lm_ii] = lm_exp2((lm_top - lm_shift) * {c}) != 0.0f || lm_top != lm_top;",
+                    f"          lm_alpha[lm_ii] = lm_m[lm_ii] == lm_mnew ? 1.0f : lm_exp2((lm_m[lm_ii] - lm_shift) * {c});",
+                    "          lm_m[lm_ii] = lm_mnew;", "          if (!lm_live[lm_ii]) continue;", "          float lm_total = 0.0f;",
+                    "          #pragma omp simd reduction(+:lm_total)", f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{",
+                    f"            lm_p[lm_ii][lm_jj] = lm_exp2((lm_s[lm_ii][lm_jj] - lm_shift) * {c});", "            lm_total += lm_p[lm_ii][lm_jj];",
+                    "          }", "          lm_l[lm_ii] = lm_l[lm_ii] * lm_alpha[lm_ii] + lm_total;", "        }",
+                    # -- acc = acc * alpha + p @ vp, four rows at a time
+                    f"        for (int lm_ii = 0; lm_ii < lm_nr; lm_ii += 4) {{",
+                    "          if (!(lm_live[lm_ii] | lm_live[lm_ii + 1] | lm_live[lm_ii + 2] | lm_live[lm_ii + 3])) continue;",
+                    f"          lm_v16 lm_c[4][{D // 16}];",
+                    f"          for (int lm_r = 0; lm_r < 4; lm_r++) for (int lm_v = 0; lm_v < {D // 16}; lm_v++) "
+                    f"lm_c[lm_r][lm_v] = ((lm_v16 *)lm_acc[lm_ii + lm_r])[lm_v] * lm_alpha[lm_ii + lm_r];",
+                    f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{",
+                    "            const lm_v16 *restrict lm_vv = (const lm_v16 *)lm_vp[lm_jj];",
+                    "            #pragma GCC unroll 4", "            for (int lm_r = 0; lm_r < 4; lm_r++) {",
+                    "              const float lm_w = lm_live[lm_ii + lm_r] ? lm_p[lm_ii + lm_r][lm_jj] : 0.0f;",
+                    f"              #pragma GCC unroll {D // 16}",
+                    f"              for (int lm_v = 0; lm_v < {D // 16}; lm_v++) lm_c[lm_r][lm_v] += lm_w * lm_vv[lm_v];", "            }", "          }",
+                    f"          for (int lm_r = 0; lm_r < 4; lm_r++) for (int lm_v = 0; lm_v < {D // 16}; lm_v++) ((lm_v16 *)lm_acc[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];",
+                    "        }", "      }"]
+    # -- epilogue: the kernel's value with the sum, its row max and row sum read from the accumulators
+    names = {plan.total: "lm_total", plan.maximum: "lm_m[lm_ii]"}
+    for n in walk(kernel.value):
+        if isinstance(n, Reduce) and n.op == "sum_reduce" and n is not plan.total and \
+                same(substitute(n.body, {n.var.name: Var(j, *n.var.bounds())}), plan.weight):
+            names[n] = "lm_l[lm_ii]"
+        elif isinstance(n, Reduce) and n.op == "max_reduce" and same(n, plan.maximum):
+            names[n] = "lm_m[lm_ii]"
+    outside = [f for f in factors(plan.total.body) if j not in depends_on(f)]
+    product = Const(1.0)
+    for f in outside:
+        product = Apply("mul", (product, f))
+    store = f"b{kernel.out}[{_flat(kernel)}]"
+    out += [f"      for (int lm_ii = 0; lm_ii < lm_nr && lm_i0 + lm_ii < {M}; lm_ii++) {{", f"        const long long {i.name} = lm_i0 + lm_ii;",
+            f"        for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
+    em = _Emitter(program, "          ")
+    em.names.update(names)
+    em.count = count[0]
+    em.names[plan.total] = f"({em.emit(product)} * lm_acc[lm_ii][{d.name}])"
+    result = em.emit(kernel.value)
+    return out + em.lines + [f"          {store} = {result};", "        }", "      }", "    }"]
+
+
+def _emit_free(em, e, target) -> None:
+    """Emit the subtrees of `e` that do not contain `target` (so later emissions reuse them)."""
+    if target not in set(walk(e)):
+        em.emit(e)
+    elif isinstance(e, Apply):
+        for a in e.args:
+            _emit_free(em, a, target)
+
+
+def _flat(kernel: Kernel) -> str:
+    from ..compiler.kernels import flat_index
+    return flat_index(kernel.loop_vars, kernel.shape).render_c()

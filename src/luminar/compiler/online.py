@@ -1,0 +1,159 @@
+"""The online-softmax rewrite: attention as one pass over the keys (flash attention).
+
+A naive attention graph (q @ k^T, scale, mask, softmax, @ v) lowers to three kernels with two
+S x S buffers between them. Inlined into one kernel, its output element is
+
+    out[i, d] = F_i * sum_j exp2((A[i, j] - M_i) * c) * V[j, d]    with  M_i = max_j A[i, j]
+
+where A[i, j] (the score) holds sum_k q[i, k] * key[j, k], and F_i collects what does not depend
+on j (the reciprocal of the row sum L_i = sum_j exp2((A[i, j] - M_i) * c)). Computed as written,
+M_i and L_i need passes over the scores before the weighted sum. The recurrence
+
+    m' = max(m, max of a block's scores);  l = l * 2^((m - m') c) + sum_j 2^((a_j - m') c);
+    acc[d] = acc[d] * 2^((m - m') c) + sum_j 2^((a_j - m') c) * V[j, d]
+
+gives M_i = m, L_i = l and the sum = acc after ONE pass over blocks of keys, so the scores are
+never stored. `online_plan` recognizes that form in a kernel (the backend renders it tiled:
+backends/online.py); `fusion_regions` proposes which realized nodes to inline to get it, and the
+search keeps the fused program only if it measures faster (compiler/search.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..symbolic import Var
+from .kernels import Apply, Const, Kernel, Reduce, depends_on, substitute, walk
+
+
+@dataclass(frozen=True)
+class OnlinePlan:
+    total: Reduce  # the weighted sum over keys: sum_j weight * value (its var is the key index j)
+    weight: Apply  # exp2((score - maximum) * scale)
+    score: object  # A[i, j]
+    maximum: Reduce  # M_i = max over j of the score
+    scale: float  # c > 0
+    value: object  # V[j, d]: the product of the body's factors that depend on the column d
+    dot: Reduce  # the reduction inside the score: sum_k query * key
+    query: object  # q[i, k]: depends on the row, not the key
+    key: object  # key[j, k]: depends on the key, not the row
+
+
+def factors(e) -> list:
+    """The operands of a product tree (e itself when it is not a product)."""
+    if isinstance(e, Apply) and e.op == "mul":
+        return factors(e.args[0]) + factors(e.args[1])
+    return [e]
+
+
+def _shifted_exp(e, j: str):
+    """(score, maximum, c) when e is exp2((score - max_j score) * c) with c > 0, else None.
+    (score - m) is spelled score + m * -1 by the op library, operands in either order.)"""
+    if not (isinstance(e, Apply) and e.op == "exp2" and isinstance(e.args[0], Apply) and e.args[0].op == "mul"):
+        return None
+    scaled, c = e.args[0].args
+    if isinstance(scaled, Const):
+        scaled, c = c, scaled
+    if not (isinstance(c, Const) and c.value > 0 and isinstance(scaled, Apply) and scaled.op == "add"):
+        return None
+    for score, neg in (scaled.args, scaled.args[::-1]):
+        m = [f for f in factors(neg) if isinstance(f, Reduce)]
+        if len(m) == 1 and factors(neg) in ([m[0], Const(-1.0)], [Const(-1.0), m[0]]) and m[0].op == "max_reduce" \
+                and same(substitute(m[0].body, {m[0].var.name: Var(j, *m[0].var.bounds())}), score):
+            return score, m[0], c.value
+    return None
+
+
+def same(a, b) -> bool:
+    """Whether two IR expressions are equal up to the names of their reduction variables (the
+    same scores inlined twice get different names for their dot product's index)."""
+    return _renamed(a, {}) == _renamed(b, {})
+
+
+def _renamed(e, names: dict):
+    if isinstance(e, Reduce):
+        var = names.setdefault(e.var.name, Var(f"_a{len(names)}", *e.var.bounds()))
+        return Reduce(e.op, var, e.extent, _renamed(substitute(e.body, {e.var.name: var}), names))
+    if isinstance(e, Apply):
+        return Apply(e.op, tuple(_renamed(a, names) for a in e.args))
+    return e
+
+
+def online_plan(kernel: Kernel) -> OnlinePlan | None:
+    """The kernel's attention structure (see the module doc), or None. Needs output dims
+    (..., i, d), exactly one sum over keys that depends on d, one shifted exponential of the
+    scores in its body, value factors free of the row, and a score holding exactly one dot
+    product of a row factor and a key factor, none of which depend on d. (The renderer also
+    wants d a multiple of 16 and the dot product's length known, both at most 512.)"""
+    if len(kernel.shape) < 2 or not kernel.shape[-1].is_const:
+        return None
+    i, d = (v.name for v in kernel.loop_vars[-2:])
+    totals = {n for n in walk(kernel.value) if isinstance(n, Reduce) and n.op == "sum_reduce" and d in depends_on(n)}
+    if len(totals) != 1:
+        return None
+    (total,) = totals
+    j = total.var.name
+    inside = [f for f in factors(total.body) if j in depends_on(f)]
+    shifted = [(f, _shifted_exp(f, j)) for f in inside if _shifted_exp(f, j) is not None]
+    if len(shifted) != 1 or len(inside) < 2:
+        return None
+    weight, (score, maximum, scale) = shifted[0]
+    values = [f for f in inside if f is not weight]
+    if any(i in depends_on(f) for f in values) or d in depends_on(weight) or \
+            any(d in depends_on(f) for f in factors(total.body) if j not in depends_on(f)):
+        return None  # (a factor outside the sum that depends on d stays correct, but keep it simple)
+    value = values[0]
+    for f in values[1:]:
+        value = Apply("mul", (value, f))
+    dots = {n for n in walk(score) if isinstance(n, Reduce)}
+    if len(dots) != 1:
+        return None
+    (dot,) = dots
+    parts = factors(dot.body)
+    if dot.op != "sum_reduce" or len(parts) != 2 or j not in depends_on(dot) or not dot.extent.is_const \
+            or kernel.shape[-1].value % 16 or not 0 < dot.extent.value <= 512 or kernel.shape[-1].value > 512:
+        return None
+    query, key = parts if j not in depends_on(parts[0]) else parts[::-1]
+    if j in depends_on(query) or i in depends_on(key):
+        return None
+    return OnlinePlan(total, weight, score, maximum, scale, value, dot, query, key)
+
+
+def fusion_regions(lowering) -> list[tuple[int, frozenset]]:
+    """Candidate node sets to inline for online-softmax kernels, as (node, set): each realized
+    node with a single consumer that holds row values (softmax probabilities) with its inlined
+    expression, plus the realized nodes read only from inside that expression (the scores)."""
+    graph, realized = lowering.graph, lowering.realized
+    uses: dict[int, set] = {}
+    for n in graph.nodes:
+        for src, _ in n.srcs:
+            uses.setdefault(src.id, set()).add(n.id)
+    outputs = {node.id for node, _ in graph.outputs.values()}
+    regions = []
+    for p in graph.nodes:
+        if p.id not in realized or p.id in outputs or p.op == "input" or len(uses.get(p.id, ())) != 1 \
+                or not lowering.holds_row[p.id]:
+            continue
+        inside, stack, read = {p.id}, [p], set()
+        while stack:  # p's inlined expression, and the realized nodes it reads
+            for src, _ in stack.pop().srcs:
+                if src.id not in inside and src.op != "input":
+                    inside.add(src.id)
+                    read.add(src.id) if src.id in realized else stack.append(src)
+        # every node of the region is inlined: with the scores inlined, the exponentials (read twice)
+        # would otherwise get a buffer of their own
+        regions.append((p.id, frozenset(inside - read | {r for r in read if uses[r] <= inside and r not in outputs})))
+    return regions
+
+
+def absorbed_by(lowering, node_id: int) -> int | None:
+    """The realized node whose kernel computes `node_id` inlined (following single consumers)."""
+    consumers: dict[int, list] = {}
+    for n in lowering.graph.nodes:
+        for src, _ in n.srcs:
+            consumers.setdefault(src.id, []).append(n)
+    while node_id not in lowering.realized:
+        users = consumers.get(node_id, [])
+        if len(users) != 1:
+            return None
+        node_id = users[0].id
+    return node_id
