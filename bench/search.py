@@ -12,6 +12,10 @@ Cases (issue 4's goals):
   alone under the plain schedule (what every linear layer ran before packing), the new default
   (dequantized weight panel packed once per column block) and the searched one; numpy on the
   dequantized float32 weight for scale.
+- attention (8 heads, head_dim 64, seq 1024 / 2048 / 4096, causal) from the naive graph: luminar
+  without search (three kernels, seq x seq buffers), luminar with search (which fuses it into one
+  online-softmax kernel if that measures faster), PyTorch's scaled_dot_product_attention with
+  is_causal=True. Goals: fused, no seq x seq buffer (arena), faster than unfused, >= 0.7x sdpa.
 - Llama-style decoder, 4 layers with SmolLM2-135M's shapes and random Q4_1 weights: compile with
   search in a fresh process with an empty cache (goal < 60 s) and again from the tuning cache
   (goal < 3 s); then a 128-token prefill, default vs searched.
@@ -174,6 +178,50 @@ def q4_linear_case(rows: int, quick: bool, idle_wait: float) -> dict:
             "speedup_vs_plain": times["plain (before)"]["median_ms"] / times["packed default"]["median_ms"]}
 
 
+def attention_case(seq: int, quick: bool, idle_wait: float, heads: int = 8, dim: int = 64) -> dict:
+    """The naive graph (q @ k^T, scale, causal mask, softmax, @ v) compiled without search (three
+    kernels, two heads x seq x seq buffers) and with search (which may fuse it into one online-softmax
+    kernel, if that measures faster), against PyTorch's scaled_dot_product_attention(is_causal=True)."""
+    import math
+
+    import torch
+
+    import luminar as lm
+
+    def graph():
+        g = lm.Graph()
+        q, k, v = (g.tensor(n, (heads, seq, dim)) for n in "qkv")
+        visible = g.arange(seq).unsqueeze(1) >= g.arange(seq).unsqueeze(0)
+        scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(dim))
+        (scores.masked_fill(1.0 - visible, -1e30).softmax(-1) @ v).output("o")
+        return g
+    rng = np.random.default_rng(seq)
+    arrays = {n: rng.standard_normal((heads, seq, dim), dtype=np.float32) for n in "qkv"}
+    tq, tk, tv = (torch.from_numpy(arrays[n]).unsqueeze(0) for n in "qkv")  # (1, heads, seq, dim): the flash path
+    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)  # noqa: E731
+    started = time.perf_counter()
+    searched = graph().compile("cpu", search=True)
+    search_s = time.perf_counter() - started
+    default = graph().compile("cpu")
+    expected = sdpa()[0].numpy()
+    for program in (default, searched):
+        np.testing.assert_allclose(program(**arrays)["o"], expected, rtol=1e-3, atol=1e-4)
+    times, load = timed({"luminar default (unfused)": lambda: default(**arrays),
+                         "luminar searched": lambda: searched(**arrays), "torch sdpa (causal)": sdpa}, quick, idle_wait)
+    flops = 4 * heads * seq * seq * dim  # as dense: a causal kernel needs about half
+    ratio = times["torch sdpa (causal)"]["median_ms"] / times["luminar searched"]["median_ms"]
+    vs_unfused = times["luminar default (unfused)"]["median_ms"] / times["luminar searched"]["median_ms"]
+    fused = bool(searched.fusions) and all(f.chosen for f in searched.fusions)
+    return {"name": f"attention {heads} heads x {seq} x {dim}, causal", "times": times, **load, "search_s": search_s,
+            "gflops": {name: flops / t["median_ms"] / 1e6 for name, t in times.items()},
+            "arena_mb": {"default": default.memory_plan({}).arena_bytes / 1e6,
+                         "searched": searched.memory_plan({}).arena_bytes / 1e6},
+            "ratio_vs_torch": ratio, "speedup_vs_unfused": vs_unfused,
+            "goal": "one online-softmax kernel, no seq x seq buffer, faster than unfused, >= 0.7x torch sdpa",
+            "met": fused and searched.memory_plan({}).arena_bytes == 0 and vs_unfused > 1 and ratio >= 0.7,
+            "explain": searched.explain()}
+
+
 def llama_case(layers: int, tokens: int, quick: bool, idle_wait: float) -> dict:
     row = {"name": f"Llama-style decoder, {layers} layers (SmolLM2-135M shapes, Q4_1)"}
     with tempfile.TemporaryDirectory(prefix="luminar-search-bench-") as cache:
@@ -220,10 +268,15 @@ def markdown(results: dict) -> str:
         elif "times" in row:
             lines += ["", f"prefill of {row['prefill_tokens']} tokens:", "", "| program | median ms |", "|---|---|"]
             lines += [f"| {name} | {t['median_ms']:.1f} |" for name, t in row["times"].items()]
-        for key in ("ratio_vs_numpy", "speedup_vs_plain"):
+        if "arena_mb" in row:
+            lines.append("\nGFLOP/s count the dense 4 x heads x seq^2 x dim (a causal kernel does about half). "
+                         f"Arena (temporaries): default {row['arena_mb']['default']:.1f} MB, searched "
+                         f"{row['arena_mb']['searched']:.1f} MB.")
+        for key in ("ratio_vs_numpy", "speedup_vs_plain", "ratio_vs_torch", "speedup_vs_unfused"):
             if key in row:
                 lines.append(f"\n{key.replace('_', ' ')}: {row[key]:.2f}" + (f" (goal: {row['goal']}: "
-                             f"{'met' if row['met'] else 'missed'})" if key == "ratio_vs_numpy" else ""))
+                             f"{'met' if row['met'] else 'missed'})" if key in ("ratio_vs_numpy", "ratio_vs_torch")
+                             else ""))
         if "schedules" in row:
             lines += [""] + [f"- {name}: `{s}`" for name, s in row["schedules"].items()]
         lines.append(f"\nmachine: idle before timing: {row['idle_before']['idle']}, other tenants' CPU use while "
@@ -239,13 +292,16 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes, no start-up children; writes nothing")
     p.add_argument("--threads", type=int, default=2, help="threads for every contender (default 2)")
     p.add_argument("--idle-wait", type=float, default=20.0, help="max seconds to wait for an idle machine per case")
-    p.add_argument("--only", default="", help="run only cases whose key contains this text: matmul, q4_1, llama")
+    p.add_argument("--only", default="", help="run only cases whose key contains this text: matmul, q4_1, "
+                   "attention, llama")
     args = p.parse_args()
     os.environ.setdefault("LUMINAR_CACHE", tempfile.mkdtemp(prefix="luminar-search-bench-"))
     small = args.quick
     cases = {"matmul 1": lambda: matmul_case(256 if small else 1024, small, args.idle_wait),
              "matmul 2": lambda: matmul_case(512 if small else 2048, small, args.idle_wait),
              "q4_1 linear": lambda: q4_linear_case(128 if small else 512, small, args.idle_wait)}
+    for seq in ((256,) if small else (1024, 2048, 4096)):
+        cases[f"attention {seq}"] = lambda seq=seq: attention_case(seq, small, args.idle_wait)
     if not small:
         cases["llama"] = lambda: llama_case(4, 128, small, args.idle_wait)
     rows = []

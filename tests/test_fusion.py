@@ -5,6 +5,7 @@ row inside the kernel that uses them, and the search's fuse / un-fuse choice for
 other test files; these tests pin down how many kernels the fused forms take and that results
 are unchanged where fusing would be wrong.)
 """
+import dataclasses
 import shutil
 
 import numpy as np
@@ -121,3 +122,170 @@ def test_output_arrays_the_caller_keeps_are_never_overwritten():
     address = third.ctypes.data
     del third
     assert model(x=b)["y"].ctypes.data == address  # dropped: its memory serves the next call
+
+
+# -- attention: the online-softmax fusion the search may choose -------------------------------------
+def attention_graph(heads=2, rows=40, keys=40, dim=32, mask="causal", scale=None):
+    """The naive graph: q @ k^T, scale, mask, softmax, @ v. `mask`: "causal" (index compares in
+    the graph), "input" (a 0/1 tensor m: 1 = masked), "additive" (a float tensor added), None."""
+    import math
+    g = lm.Graph()
+    q, k, v = g.tensor("q", (heads, rows, dim)), g.tensor("k", (heads, keys, dim)), g.tensor("v", (heads, keys, dim))
+    scores = (q @ k.transpose(-1, -2)) * (scale or 1 / math.sqrt(dim))
+    if mask == "causal":
+        ar_q, ar_k = g.arange(rows).unsqueeze(1), g.arange(keys).unsqueeze(0)
+        scores = scores.masked_fill(1.0 - (ar_q + (keys - rows) >= ar_k), -1e30)
+    elif mask == "input":
+        scores = scores.masked_fill(g.tensor("m", (rows, keys)), -1e30)
+    elif mask == "additive":
+        scores = scores + g.tensor("m", (rows, keys))
+    (scores.softmax(-1) @ v).output("o")
+    return g
+
+
+def attention_inputs(heads=2, rows=40, keys=40, dim=32, mask="causal", seed=0):
+    rng = np.random.default_rng(seed)
+    arrays = {n: rng.standard_normal((heads, r, dim)).astype(np.float32) for n, r in (("q", rows), ("k", keys), ("v", keys))}
+    if mask in ("input", "additive"):
+        masked = np.arange(keys)[None, :] > np.arange(rows)[:, None] + (keys - rows)
+        masked[0] = True  # a row with every key masked: softmax of equal scores
+        arrays["m"] = masked.astype(np.float32) if mask == "input" else np.where(masked, -1e30, 0.0).astype(np.float32)
+    return arrays
+
+
+@pytest.fixture
+def fuse(monkeypatch, tmp_path):
+    """Make the search keep (True) or refuse (False) every fused kernel that validates, whatever
+    the timings, so tests do not depend on speed; a fresh tuning cache per test."""
+    from luminar.compiler import search
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    real = search._time_fusion
+
+    def force(decision):
+        def timed(*args):
+            result = real(*args)
+            return dataclasses.replace(result, chosen=decision and any(t is not None for _, t in result.candidates))
+        monkeypatch.setattr(search, "_time_fusion", timed)
+    return force
+
+
+CASES = {
+    "causal": dict(),
+    "tails": dict(heads=3, rows=70, keys=130, dim=16, mask="input"),  # not multiples of any block
+    "one row": dict(heads=1, rows=1, keys=200, dim=64, mask="input"),
+    "no mask": dict(rows=33, keys=33, dim=64, mask=None),
+    "additive -1e30": dict(rows=20, keys=90, dim=48, mask="additive"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fused_attention_matches_the_naive_graph(fuse, case):
+    fuse(True)
+    g, arrays = attention_graph(**CASES[case]), attention_inputs(**CASES[case])
+    program = g.compile("cpu", search=True)
+    assert [f.chosen for f in program.fusions] == [True]
+    assert [search_schedule(program, k).kind for k in program.kernels.kernels][-1] == "online"
+    want = g.compile("reference")(**arrays)["o"]
+    np.testing.assert_allclose(program(**arrays)["o"], want, rtol=1e-4, atol=1e-5)
+
+
+def search_schedule(program, kernel):
+    from luminar.backends.cpu import default_schedule
+    choice = program.choices.get(kernel.name)
+    return choice.schedule if choice else default_schedule(kernel)
+
+
+def test_fused_attention_matches_torch_sdpa_with_a_symbolic_length(fuse):
+    fuse(True)
+    import math
+    g = lm.Graph()
+    q, k, v = g.tensor("q", (4, "s", 64)), g.tensor("k", (4, "s", 64)), g.tensor("v", (4, "s", 64))
+    s = q.shape[1]
+    visible = g.arange(s).unsqueeze(1) >= g.arange(s).unsqueeze(0)
+    ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(64))).masked_fill(1.0 - visible, -1e30).softmax(-1).matmul(v).output("o")
+    program = g.compile("cpu", search=True, search_dims={"s": 100})
+    assert program.fusions and program.fusions[0].chosen
+    for n in (1, 63, 129):
+        arrays = attention_inputs(heads=4, rows=n, keys=n, dim=64, seed=n)
+        want = F.scaled_dot_product_attention(*(torch.from_numpy(arrays[x]) for x in "qkv"), is_causal=True)
+        np.testing.assert_allclose(program(**arrays)["o"], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_fused_attention_never_stores_the_scores(fuse):
+    """The arena proves it: unfused, two heads x 256 x 256 score buffers; fused, no temporaries."""
+    fuse(True)
+    g = attention_graph(heads=2, rows=256, keys=256)
+    unfused, fused = g.compile("cpu"), g.compile("cpu", search=True)
+    assert unfused.memory_plan({}).arena_bytes >= 2 * 256 * 256 * 4
+    assert fused.memory_plan({}).arena_bytes == 0
+    assert fused.fusions[0].arena == (unfused.memory_plan({}).arena_bytes, 0)
+
+
+def test_nan_in_a_query_poisons_only_its_row(fuse):
+    fuse(True)
+    g, arrays = attention_graph(), attention_inputs()
+    arrays["q"][1, 7, 3] = np.nan
+    out = g.compile("cpu", search=True)(**arrays)["o"]
+    want = g.compile("reference")(**arrays)["o"]
+    assert np.isnan(out[1, 7]).all() and not np.isnan(np.delete(out.reshape(-1, 32), 47, 0)).any()
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+def test_slower_fusion_is_not_kept_and_explain_says_why(fuse):
+    fuse(False)
+    g, arrays = attention_graph(), attention_inputs()
+    program = g.compile("cpu", search=True)
+    assert [f.chosen for f in program.fusions] == [False] and len(program.kernels.kernels) == 3
+    text = program.explain()
+    assert "fusion: online softmax over" in text and "kept unfused" in text and "online softmax, blocks of" in text
+    np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_broken_fused_kernel_fails_validation_and_is_never_kept(fuse, monkeypatch):
+    """A renderer bug (here: the weights' scale off by 2x) is caught by comparing with the
+    unfused kernels on the same random inputs; the program stays unfused and right."""
+    import luminar.backends.online as online_renderer
+    real = online_renderer.render_online
+    monkeypatch.setattr(online_renderer, "render_online",
+                        lambda program, kernel, plan, ti, tj: real(program, kernel, dataclasses.replace(
+                            plan, scale=plan.scale * 2), ti, tj))
+    fuse(True)
+    g, arrays = attention_graph(), attention_inputs()
+    program = g.compile("cpu", search=True)
+    assert [f.chosen for f in program.fusions] == [False]
+    assert all(t is None for _, t in program.fusions[0].candidates)
+    assert "failed" in program.explain()
+    np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)
+
+
+def test_fusion_decisions_come_from_the_tuning_cache_the_second_time(fuse, monkeypatch):
+    from luminar.compiler import search
+    fuse(True)
+    g = attention_graph()
+    first = g.compile("cpu", search=True)
+    monkeypatch.setattr(search, "_time_fusion", lambda *a: pytest.fail("timed again"))
+    second = g.compile("cpu", search=True)
+    assert [f.source for f in first.fusions] == ["searched"] and [f.source for f in second.fusions] == ["cached"]
+    assert second.source == first.source
+
+
+@pytest.mark.parametrize("build,rewritten", [
+    (lambda q, k, v: (q @ k.transpose(-1, -2)).softmax(-1).matmul(v), True),
+    (lambda q, k, v: (q @ k.transpose(-1, -2)).softmax(-1).matmul(v) * q + 1, True),  # an epilogue is fine
+    (lambda q, k, v: (q @ k.transpose(-1, -2)).exp().matmul(v), False),  # no max subtracted
+    (lambda q, k, v: ((q @ k.transpose(-1, -2)) - (q @ k.transpose(-1, -2))[..., :8].amax(-1, keepdim=True)).exp()
+     .matmul(v), False),  # the max over other keys than the sum's
+    (lambda q, k, v: ((q @ k.transpose(-1, -2)).softmax(-1) * q[0]).matmul(v), False),  # weights x a (row, key) factor
+], ids=["softmax", "epilogue", "no-max", "partial-max", "weighted-weights"])
+def test_only_the_plain_softmax_weighted_sum_is_rewritten(build, rewritten):
+    """With everything inlined into the output kernel, online_plan accepts the softmax-weighted
+    sum, and refuses what the recurrence would get wrong (no max, a max over other keys) or the
+    renderer does not compute (weights times another (row, key) factor)."""
+    from luminar.compiler.kernels import Lowering
+    from luminar.compiler.online import online_plan
+    g = lm.Graph()
+    q, k, v = (g.tensor(n, (2, 16, 16)) for n in "qkv")
+    build(q, k, v).output("o")
+    graph = optimize(g)
+    (kernel,) = Lowering(graph, frozenset(n.id for n in graph.nodes)).run().kernels
+    assert (online_plan(kernel) is not None) == rewritten

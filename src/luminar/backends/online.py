@@ -13,7 +13,8 @@ Both assume finite q, k, v, as PyTorch's causal kernel does (it never reads mask
 """
 from __future__ import annotations
 
-from ..compiler.kernels import Apply, Const, Kernel, KernelProgram, Reduce, depends_on, substitute, walk
+from ..compiler.kernels import (Apply, Const, Kernel, KernelProgram, Reduce, depends_on, flat_index, numel, substitute,
+                                walk)
 from ..compiler.online import OnlinePlan, factors, same
 from ..ops import PRIMITIVES
 from ..symbolic import Var
@@ -52,9 +53,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
         count[0] = em.count
         return ([indent + declare] if declare else []) + em.lines, value
 
-    work = kernel.shape[-2] * plan.total.extent * (D + K)
-    for v, n in zip(batch, kernel.shape):
-        work = work * n
+    work = numel(kernel.shape[:-1]) * plan.total.extent * (D + K)
     out = ["    typedef float lm_v16 __attribute__((vector_size(64)));",
            f"    #pragma omp parallel for collapse({len(batch) + 1}) schedule(dynamic) "
            f"if(({work.render_c()}) >= {PARALLEL_MIN_WORK})"]
@@ -148,7 +147,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     # -- epilogue: the kernel's value with the sum, its row max and row sum read from the accumulators
     names = {plan.total: "lm_total", plan.maximum: "lm_m[lm_ii]"}
     for n in walk(kernel.value):
-        if isinstance(n, Reduce) and n.op == "sum_reduce" and n is not plan.total and \
+        if isinstance(n, Reduce) and n.op == "sum_reduce" and n is not plan.total and n.extent == plan.total.extent and \
                 same(substitute(n.body, {n.var.name: Var(j, *n.var.bounds())}), plan.weight):
             names[n] = "lm_l[lm_ii]"
         elif isinstance(n, Reduce) and n.op == "max_reduce" and same(n, plan.maximum):
@@ -157,7 +156,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     product = Const(1.0)
     for f in outside:
         product = Apply("mul", (product, f))
-    store = f"b{kernel.out}[{_flat(kernel)}]"
+    store = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
     out += [f"      for (int lm_ii = 0; lm_ii < lm_nr && lm_i0 + lm_ii < {M}; lm_ii++) {{", f"        const long long {i.name} = lm_i0 + lm_ii;",
             f"        for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
     em = _Emitter(program, "          ")
@@ -175,8 +174,3 @@ def _emit_free(em, e, target) -> None:
     elif isinstance(e, Apply):
         for a in e.args:
             _emit_free(em, a, target)
-
-
-def _flat(kernel: Kernel) -> str:
-    from ..compiler.kernels import flat_index
-    return flat_index(kernel.loop_vars, kernel.shape).render_c()

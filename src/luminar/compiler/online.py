@@ -98,6 +98,8 @@ def online_plan(kernel: Kernel) -> OnlinePlan | None:
         return None
     weight, (score, maximum, scale) = shifted[0]
     values = [f for f in inside if f is not weight]
+    if maximum.extent != total.extent:
+        return None  # (the max over other keys than the sum's: not a softmax over them)
     if any(i in depends_on(f) for f in values) or d in depends_on(weight) or \
             any(d in depends_on(f) for f in factors(total.body) if j not in depends_on(f)):
         return None  # (a factor outside the sum that depends on d stays correct, but keep it simple)
