@@ -823,7 +823,7 @@ def search_program(program: KernelProgram, opts: SearchOptions, fixed: dict | No
 
 
 # -- fusion: the online-softmax rewrite, kept where it measures faster -------------------------------
-ONLINE_TILES = ((64, 64), (32, 64), (64, 32), (16, 64))  # (query rows, keys) per block, the first the default
+ONLINE_TILES = ((64, 64), (128, 64), (32, 64), (64, 32))  # (query rows, keys) per block, the first the default
 
 
 @dataclass
