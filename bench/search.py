@@ -105,8 +105,12 @@ def child_llama(layers: int) -> None:
     sources = {}
     for choice in program.choices.values():
         sources[choice.source] = sources.get(choice.source, 0) + 1
+    fusions = [f"{'fused' if f.chosen else 'kept unfused'} ({f.source}): unfused {f.unfused_s * 1e3:.3f} ms, fused "
+               f"{min((t for _, t in f.candidates if t is not None), default=float('nan')) * 1e3:.3f} ms"
+               for f in program.fusions]
     print(json.dumps({"compile_s": seconds, "kernels": len(program.kernels.kernels), "sources": sources,
-                      "structures": len({id(c) for c in program.choices.values()})}))
+                      "structures": len({id(c) for c in program.choices.values()}),
+                      "attention": sorted(set(fusions))}))
 
 
 # -- cases -------------------------------------------------------------------------------------------
@@ -260,7 +264,8 @@ def markdown(results: dict) -> str:
             for start in ("cold", "cached"):
                 r = row[start]
                 lines.append(f"- compile with search, {start}: {r['compile_s']:.1f} s ({r['kernels']} kernels in "
-                             f"{r['structures']} distinct structures; kernels by schedule source: {r['sources']})")
+                             f"{r['structures']} distinct structures; kernels by schedule source: {r['sources']}; "
+                             f"attention: {r.get('attention')})")
             lines.append(f"- goals: {row['goals']}")
         if "gflops" in row:
             lines += ["", "| contender | median ms | GFLOP/s |", "|---|---|---|"]
