@@ -144,7 +144,7 @@ def test_custom_modules_register_parameters_buffers_and_children():
     assert list(module.state_dict()) == ["gain", "offset", "inner.weight", "inner.bias"]  # torch's order
     x = rand(2, 3)
     (out,) = run(module, x)
-    np.testing.assert_allclose(out, (x @ module.inner.weight.T + module.inner.bias) * 2 + 1, rtol=1e-6)
+    np.testing.assert_allclose(out, (x @ module.inner.weight.T + module.inner.bias) * 2 + 1, rtol=1e-6, atol=1e-6)
 
 
 def test_train_and_eval_set_every_submodule():
