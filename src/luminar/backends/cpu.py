@@ -965,6 +965,9 @@ def _reduce_work(e) -> Expr:
     return sum(parts[1:], parts[0]) if parts else sym(1)
 
 
+SWITCH_MARGIN = 0.85  # a trial thread count must take at most this fraction of the current one's time
+
+
 class ThreadChooser:
     """How many OpenMP threads each call of a program uses, chosen by measuring.
 
@@ -972,7 +975,8 @@ class ThreadChooser:
     model's hundreds of parallel regions waits for a thread the OS has parked while another
     process holds the core. So every kind of call (one per memory plan) keeps a running time for
     the thread count it uses and now and then tries the other count (all threads or one); a
-    trial that wins switches, one that loses waits twice as long before the next.
+    trial that wins (by SWITCH_MARGIN: noise alone must not make the count flap) switches, one
+    that loses waits twice as long before the next.
     """
     def __init__(self, most: int, set_threads):
         self.most, self._set = most, set_threads
@@ -990,7 +994,7 @@ class ThreadChooser:
         call()
         seconds = time.perf_counter() - started
         if threads == other:
-            better = seconds < s["time"].get(s["use"], float("inf"))
+            better = seconds < SWITCH_MARGIN * s["time"].get(s["use"], float("inf"))
             s["every"] = 2 if better else min(2 * s["every"], 1024)
             s["next"] = s["every"]
             if better:
