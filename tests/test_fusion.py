@@ -90,6 +90,17 @@ def test_row_values_get_a_buffer_where_rows_would_not_stay_innermost(build):
     np.testing.assert_allclose(g.compile("cpu")(x=xa)["y"], want, rtol=1e-5, atol=1e-5)
 
 
+def test_rows_merged_into_one_axis_read_a_buffer():
+    """norm(x).reshape(-1) * 2 walks one flat axis: inlined, each element would recompute its
+    row's reduction; the norm gets its own kernel instead."""
+    g = lm.Graph()
+    (lm.rms_norm(g.tensor("x", (40, 48)), (48,)).reshape(-1) * 2).output("y")
+    assert len(kernels_of(g)) == 2
+    xa = rand(40, 48)
+    want = (F.rms_norm(torch.from_numpy(xa), (48,)) * 2).reshape(-1).numpy()
+    np.testing.assert_allclose(g.compile("cpu")(x=xa)["y"], want, rtol=1e-5, atol=1e-6)
+
+
 def test_norm_feeding_a_linear_layer_is_computed_once_per_row():
     """rms_norm(x) @ W.T: the norm is its own one-kernel pass, the product reads plain rows."""
     g = lm.Graph()

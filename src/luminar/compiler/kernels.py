@@ -483,7 +483,9 @@ def _keeps_rows(consumer: Node, tracker: ShapeTracker, node: Node) -> bool:
     """Whether `consumer` reading `node` (which holds row values) keeps the row loop innermost."""
     if _row_broadcast(tracker, node.shape):
         return True
-    if not (tracker.is_contiguous() and numel(tracker.shape) == numel(node.shape)):  # in order, maybe reshaped
+    last = lambda shape: ([d for d in shape if d != sym(1)] or [sym(1)])[-1]  # noqa: E731
+    if not (tracker.is_contiguous() and numel(tracker.shape) == numel(node.shape)
+            and last(tracker.shape) == last(node.shape)):  # in order, rows kept whole
         return False
     prim = consumer.primitive
     return prim is not None and (prim.kind != "reduce" or consumer.axis == tracker.ndim - 1)
