@@ -35,6 +35,8 @@ def slope(e, target):
 
 
 def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: int, tj: int) -> list[str]:
+    """The body of the kernel's C function (see the module doc): blocks of `ti` query rows (a
+    multiple of 4) x `tj` keys (a multiple of 16)."""
     from .cpu import PARALLEL_MIN_WORK, _Emitter, render_float
     *batch, i, d = kernel.loop_vars
     j, k = plan.total.var.name, plan.dot.var.name

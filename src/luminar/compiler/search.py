@@ -710,29 +710,26 @@ class Choice:
     naive: tuple = ()
     seconds: float = 0.0  # spent searching this kernel
 
-    def to_json(self) -> dict:
-        return {"schedule": dataclasses.asdict(self.schedule), "candidates": self.candidates,
-                "failures": self.failures, "nest": self.nest, "naive": self.naive, "seconds": self.seconds}
-
     @classmethod
     def from_json(cls, data: dict) -> Choice:
         nest = lambda items: tuple(tuple(it) for it in items)  # noqa: E731
-        return cls(Schedule(**data["schedule"]), "cached", data["candidates"], data["failures"],
-                   nest(data["nest"]), nest(data["naive"]), data["seconds"])
+        return cls(**{**data, "schedule": Schedule(**data["schedule"]), "source": "cached", "nest": nest(data["nest"]),
+                      "naive": nest(data["naive"])})
 
 
-def load_tuning(key: str) -> Choice | None:
+def load_tuning(key: str, kind=Choice):
+    """The cached `kind` (Choice, or Fusion) for `key`, or None."""
     try:
-        return Choice.from_json(json.loads(tuning_path(key).read_text()))
+        return kind.from_json(json.loads(tuning_path(key).read_text()))
     except (OSError, ValueError, KeyError, TypeError):  # missing or unreadable: search again
         return None
 
 
-def store_tuning(key: str, choice: Choice) -> None:
+def store_tuning(key: str, choice) -> None:
     """Atomic: write a temporary file next to the entry, then rename it over."""
     target = tuning_path(key)
     with tempfile.NamedTemporaryFile("w", dir=target.parent, suffix=".tmp", delete=False) as f:
-        json.dump(choice.to_json(), f)
+        json.dump(dataclasses.asdict(choice), f)
     os.replace(f.name, target)
 
 
@@ -839,8 +836,9 @@ class Fusion:
     arena: tuple = (0, 0)  # bytes of temporaries in the shape bucket: (unfused, fused)
     source: str = "searched"  # | "cached"
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+    @classmethod
+    def from_json(cls, data: dict) -> Fusion:
+        return cls(**{**data, "schedule": Schedule(**data["schedule"]), "arena": tuple(data["arena"]), "source": "cached"})
 
 
 def search_fusion(lowering, program: KernelProgram, opts: SearchOptions):
@@ -867,7 +865,7 @@ def search_fusion(lowering, program: KernelProgram, opts: SearchOptions):
         fp = fingerprint(fused, kernel)
         if fp not in decided:
             key = tuning_key("fusion " + fp, opts.dims, opts.seed)
-            decided[fp] = _load_fusion(key) or _time_fusion(program, replaced, fused, kernel, opts, key)
+            decided[fp] = load_tuning(key, Fusion) or _time_fusion(program, replaced, fused, kernel, opts, key)
         decision = decided[fp]
         arena = tuple(plan_memory(kp, opts.dims).arena_bytes for kp in (program, fused))
         fusions.append(dataclasses.replace(decision, replaced=[k.name for k in replaced], kernel=kernel.name, arena=arena))
@@ -913,15 +911,6 @@ def _unfused_output(program, replaced, fused, bench) -> np.ndarray:
     for n in range(len(chain)):
         _c_function(lib, f"lm_chain{n}", [ctypes.c_void_p] * 2)(pointers, bench.dims)
     return arrays[chain[-1].out]
-
-
-def _load_fusion(key: str) -> Fusion | None:
-    try:
-        data = json.loads(tuning_path(key).read_text())
-        return Fusion(**{**data, "schedule": Schedule(**data["schedule"]), "arena": tuple(data["arena"]),
-                         "source": "cached"})
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _inner_work(kernel: Kernel, env: dict) -> int:
