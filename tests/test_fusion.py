@@ -90,6 +90,20 @@ def test_row_values_get_a_buffer_where_rows_would_not_stay_innermost(build):
     np.testing.assert_allclose(g.compile("cpu")(x=xa)["y"], want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_broadcast_product_reduced_over_rows_is_not_stored():
+    """sum over tokens of norm(x)[t, i] * y[t, j] (an embedding's gradient): the product reads
+    each element once, so the norm's row values get buffers and the (tokens, i, j) product is
+    computed inside the reduction, never stored."""
+    g = lm.Graph()
+    x, y = g.tensor("x", (128, 64)), g.tensor("y", (128, 41))
+    (lm.layer_norm(x, (64,)).unsqueeze(-1) * y.unsqueeze(1)).sum(0).output("g")
+    kernels = kernels_of(g)
+    assert all(tuple(k.shape) != (128, 64, 41) for k in kernels) and len(kernels) <= 3
+    xa, ya = rand(128, 64), rand(128, 41, seed=1)
+    want = torch.einsum("ti,tj->ij", F.layer_norm(torch.from_numpy(xa), (64,)), torch.from_numpy(ya)).numpy()
+    np.testing.assert_allclose(g.compile("cpu")(x=xa, y=ya)["g"], want, rtol=1e-4, atol=1e-4)
+
+
 def test_rows_merged_into_one_axis_read_a_buffer():
     """norm(x).reshape(-1) * 2 walks one flat axis: inlined, each element would recompute its
     row's reduction; the norm gets its own kernel instead."""

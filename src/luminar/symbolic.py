@@ -361,8 +361,22 @@ def _c_division(a: Expr, b: Expr, c_op: str, helper: str) -> str:
     return f"{helper}({a.render_c()}, {b.render_c()})"
 
 
-class FloorDiv(BinOp):
+class _Division(BinOp):
+    """Floor division and modulo: C's truncating / and % where both sides are provably positive."""
     prec = DIV
+
+    def evaluate(self, env):
+        return self.py_op(self.a.evaluate(env), self.b.evaluate(env))
+
+    def __str__(self):
+        return f"{_wrap(self.a, MUL)} {self.symbol} {_wrap(self.b, ATOM)}"
+
+    def render_c(self):
+        return _c_division(self.a, self.b, self.c_op, self.helper)
+
+
+class FloorDiv(_Division):
+    symbol, c_op, helper, py_op = "//", "/", "lm_floordiv", operator.floordiv
 
     @cached_property
     def _range(self):
@@ -371,18 +385,9 @@ class FloorDiv(BinOp):
     def _rebuild(self, children):
         return floordiv(*children)
 
-    def evaluate(self, env):
-        return self.a.evaluate(env) // self.b.evaluate(env)
 
-    def __str__(self):
-        return f"{_wrap(self.a, MUL)} // {_wrap(self.b, ATOM)}"
-
-    def render_c(self):
-        return _c_division(self.a, self.b, "/", "lm_floordiv")
-
-
-class Mod(BinOp):
-    prec = DIV
+class Mod(_Division):
+    symbol, c_op, helper, py_op = "%", "%", "lm_mod", operator.mod
 
     @cached_property
     def _range(self):
@@ -393,15 +398,6 @@ class Mod(BinOp):
 
     def _rebuild(self, children):
         return mod(*children)
-
-    def evaluate(self, env):
-        return self.a.evaluate(env) % self.b.evaluate(env)
-
-    def __str__(self):
-        return f"{_wrap(self.a, MUL)} % {_wrap(self.b, ATOM)}"
-
-    def render_c(self):
-        return _c_division(self.a, self.b, "%", "lm_mod")
 
 
 class Min(BinOp):

@@ -339,15 +339,27 @@ class Lowering:
         self.kernels: list[Kernel] = []
         self.reduce_vars = 0
         self.reductions: dict = {}  # (node id, index, guard) -> its IR
-        uses: dict[int, list] = {}
+        self.uses: dict[int, list] = {}
         for n in graph.nodes:
             for src, tracker in n.srcs:
-                uses.setdefault(src.id, []).append((n, tracker))
+                self.uses.setdefault(src.id, []).append((n, tracker))
         output_nodes = {node.id for node, _ in graph.outputs.values()}
-        self.realized = {n.id for n in graph.nodes if n.op == "input" or n.id in output_nodes}
+        fixed = {n.id for n in graph.nodes if n.op == "input" or n.id in output_nodes}
+        # A node holding row values that a consumer reads out of row order gets a buffer if that
+        # consumer reads it more than once (a matmul: normalized rows are stored once); if it reads
+        # each element once (a reduction over other axes, a transpose), the row values themselves
+        # get buffers instead, and the decisions are made again.
+        while not (rows := self.decide(fixed, inline)) <= fixed:
+            fixed |= rows
+
+    def decide(self, fixed: set, inline) -> set:
+        """Set `realized` (and `holds_row`) from the nodes that must be realized; return the row
+        values found that should be realized as well."""
+        self.realized, rows = set(fixed), set()
         # Decided in topological order, since a node's cost depends on what its sources inline:
         # - a node used more than once is recomputed by each user if it is a few ops and holds no
-        #   reduction (cheaper than a round trip through memory), else it gets a buffer;
+        #   reduction (cheaper than a round trip through memory) -- and, if it holds a
+        #   transcendental, only when its users all walk rows (one row kernel) --, else it gets a buffer;
         # - an inlined node computes every reduction and transcendental (sin, exp2, ...) inlined
         #   beneath it once per element read, so if its consumer reads elements more than once (a
         #   broadcast, e.g. RoPE'd queries against every key), it gets a buffer;
@@ -359,34 +371,43 @@ class Lowering:
         # - a node that reads no buffer (index arithmetic: a causal mask) is recomputed up to
         #   INDEX_ONLY_MAX_OPS ops: a few integer compares cost less than an S x S buffer.
         holds_reduce, holds_row, transcendental, cost, reads = {}, {}, {}, {}, {}
-        for n in graph.nodes:
+        row_srcs: dict[int, set] = {}  # node id -> the row values it inlines
+        for n in self.graph.nodes:
             holds_reduce[n.id] = bool(n.primitive and n.primitive.kind == "reduce")
             holds_row[n.id] = transcendental[n.id] = False
-            cost[n.id] = n.op not in DATA_OPS
+            cost[n.id], row_srcs[n.id] = n.op not in DATA_OPS, set()
             reads[n.id] = n.op == "input" or any(src.id in self.realized or reads[src.id] for src, _ in n.srcs)
             for src, tracker in n.srcs:
                 if src.id in self.realized:
                     continue
                 if _row_broadcast(tracker, src.shape):  # computed per row, not per element of n
                     holds_row[n.id] |= holds_reduce[src.id] or holds_row[src.id]
+                    row_srcs[n.id] |= {src.id} if holds_reduce[src.id] or holds_row[src.id] else set()
                     continue
                 holds_reduce[n.id] |= holds_reduce[src.id]
                 holds_row[n.id] |= holds_row[src.id]
                 cost[n.id] += cost[src.id]
                 transcendental[n.id] |= transcendental[src.id]
+                row_srcs[n.id] |= row_srcs[src.id]
             transcendental[n.id] |= n.op in TRANSCENDENTAL
-            n_uses = uses.get(n.id, ())
+            n_uses = self.uses.get(n.id, ())
             if n.op == "constant" or n.id in self.realized or n.id in inline:
                 continue
+            out_of_order = [use for use in n_uses if not _keeps_rows(*use, n)]
             if len(n_uses) > 1 and (holds_reduce[n.id] or cost[n.id] > (RECOMPUTE_MAX_OPS if reads[n.id] else
-                                                                        INDEX_ONLY_MAX_OPS)):
+                                                                        INDEX_ONLY_MAX_OPS)
+                                    or transcendental[n.id] and out_of_order):
                 self.realized.add(n.id)
             elif len(n_uses) == 1 and (holds_reduce[n.id] or transcendental[n.id]) \
-                    and _read_more_than_once(n, n_uses) and not _keeps_rows(*n_uses[0], n):
+                    and _read_more_than_once(n, n_uses) and out_of_order:
                 self.realized.add(n.id)
-            elif holds_row[n.id] and not all(_keeps_rows(consumer, tracker, n) for consumer, tracker in n_uses):
-                self.realized.add(n.id)
+            elif holds_row[n.id] and out_of_order:
+                if any(_read_more_than_once(n, [use]) for use in out_of_order):
+                    self.realized.add(n.id)
+                else:
+                    rows |= row_srcs[n.id]
         self.holds_row = holds_row
+        return rows
 
     def new_buffer(self, numel, dtype, kind, name) -> int:
         self.buffers.append(Buffer(len(self.buffers), numel, dtype, kind, name))

@@ -125,10 +125,7 @@ def fusion_regions(lowering) -> list[tuple[int, frozenset]]:
     node with a single consumer that holds row values (softmax probabilities) with its inlined
     expression, plus the realized nodes read only from inside that expression (the scores)."""
     graph, realized = lowering.graph, lowering.realized
-    uses: dict[int, set] = {}
-    for n in graph.nodes:
-        for src, _ in n.srcs:
-            uses.setdefault(src.id, set()).add(n.id)
+    uses = {n: {user.id for user, _ in users} for n, users in lowering.uses.items()}
     outputs = {node.id for node, _ in graph.outputs.values()}
     regions = []
     for p in graph.nodes:
@@ -149,13 +146,9 @@ def fusion_regions(lowering) -> list[tuple[int, frozenset]]:
 
 def absorbed_by(lowering, node_id: int) -> int | None:
     """The realized node whose kernel computes `node_id` inlined (following single consumers)."""
-    consumers: dict[int, list] = {}
-    for n in lowering.graph.nodes:
-        for src, _ in n.srcs:
-            consumers.setdefault(src.id, []).append(n)
     while node_id not in lowering.realized:
-        users = consumers.get(node_id, [])
+        users = lowering.uses.get(node_id, [])
         if len(users) != 1:
             return None
-        node_id = users[0].id
+        node_id = users[0][0].id
     return node_id
