@@ -29,6 +29,11 @@ Without search every kernel gets the rule-chosen default schedule. With search:
    and the search's and renderer's own code, written atomically. The whole compile's search has
    a time budget; kernels left when it is spent keep the default (and are not cached).
 
+Before the schedules, one fusion choice (search_fusion): each softmax region the lowering would
+give a buffer (compiler/online.py) is lowered inlined into its consumer, where the online-softmax
+rewrite applies; that kernel is validated against the unfused kernels run on the same random
+inputs, its block sizes are timed, and it is kept only if it beats the kernels it replaces.
+
 The candidate set is a pure function of the kernel, the bucket and the seed; which candidate
 wins depends on measurements (a candidate within NOISE of an earlier one in the ranked order
 does not displace it), and is then cached, so later compiles are deterministic and fast.
