@@ -360,8 +360,8 @@ def test_thread_chooser_drops_to_one_thread_when_two_are_slower():
     chooser = ThreadChooser(2, used.append)
     for _ in range(40):
         _chooser_run(chooser, "decode", used, lambda n: 1.0 if n == 2 else 0.02)
-    assert used[1] == 1 and used[-1] == 1
-    assert used.count(2) <= 6  # the first call, then trials after 2, 4, 8, 16 ... calls
+    assert used[:3] == [2, 2, 1] and used[-1] == 1  # (the first call warms up: not a sample)
+    assert used.count(2) <= 7  # the first two calls, then trials after 2, 4, 8, 16 ... calls
 
 
 def test_thread_chooser_keeps_all_threads_when_they_are_faster():
@@ -371,6 +371,21 @@ def test_thread_chooser_keeps_all_threads_when_they_are_faster():
     for _ in range(40):
         _chooser_run(chooser, "prefill", used, lambda n: 0.01 if n == 2 else 0.02)
     assert used.count(1) <= 5 and used[-1] == 2
+
+
+def test_thread_chooser_ignores_a_slow_first_call_and_small_differences():
+    """The first call (page faults, cold caches) is no sample, and one thread must be 15% faster
+    to take over: timing noise alone never makes the count flap."""
+    from luminar.backends.cpu import ThreadChooser
+    used, calls = [], []
+
+    def seconds(n):
+        calls.append(n)
+        return 1.0 if len(calls) == 1 else 0.010 if n == 2 else 0.0095
+    chooser = ThreadChooser(2, used.append)
+    for _ in range(40):
+        _chooser_run(chooser, "step", used, seconds)
+    assert used[-1] == 2 and used.count(1) <= 5
 
 
 def test_thread_chooser_with_one_thread_does_not_touch_openmp():

@@ -985,7 +985,8 @@ class ThreadChooser:
     def run(self, key, call) -> None:
         if self.most < 2:
             return call()
-        s = self._state.setdefault(key, {"use": self.most, "time": {}, "next": 2, "every": 2})
+        # (the first call of a kind pays for page faults and cold caches: it is not a sample)
+        s = self._state.setdefault(key, {"use": self.most, "time": {}, "next": 3, "every": 2, "cold": True})
         s["next"] -= 1
         other = 1 if s["use"] == self.most else self.most
         threads = other if s["next"] <= 0 else s["use"]
@@ -1000,7 +1001,8 @@ class ThreadChooser:
             if better:
                 s["use"] = other
         previous = s["time"].get(threads)
-        s["time"][threads] = seconds if previous is None else 0.5 * (previous + seconds)
+        if not s.pop("cold", False):
+            s["time"][threads] = seconds if previous is None else 0.5 * (previous + seconds)
 
 
 class CPUProgram(Program):
