@@ -357,14 +357,8 @@ def versions() -> dict:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
-        out["luminar"] = f"{commit}{' + uncommitted changes in src/' if dirty else ''}"
-    except OSError:
-        out["luminar"] = "unknown"
+    import machine
+    out["luminar"] = machine.git_revision()
     return out
 
 

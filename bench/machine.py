@@ -101,6 +101,19 @@ def cpu_model() -> str:
     return f"{found.group(1).strip() if found else 'unknown'} ({', '.join(isa)})"
 
 
+def git_revision() -> str:
+    """The short commit, noting uncommitted changes under src/ (they change what is measured)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        rev = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", repo, "status", "--porcelain", "src"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return f"git {rev}{' + uncommitted changes in src/' if dirty else ''}" if rev else "no git"
+    except (OSError, subprocess.SubprocessError):
+        return "no git"
+
+
 def compiler_version() -> str:
     from luminar.backends import cc
     try:

@@ -45,7 +45,6 @@ _reexec_with_bench_environment()  # before numpy, torch or any luminar kernel is
 import datetime  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -143,23 +142,11 @@ def describe(args) -> dict:
     return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "mode": "quick" if args.quick else "full", "cpu": machine.cpu_model(), "cpus": os.cpu_count(),
             "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "python": platform.python_version(), "luminar": f"{luminar.__version__} ({git_revision()})",
+            "python": platform.python_version(), "luminar": f"{luminar.__version__} ({machine.git_revision()})",
             "numpy": np.__version__, "blas": machine.openblas_info(), "torch": torch.__version__,
             "threads": args.threads, "torch_threads": torch.get_num_threads(), "compiler": machine.compiler_version(),
             "unset_env": json.loads(os.environ.get("LUMINAR_BENCH_UNSET", "{}")),
             "command": " ".join(["python bench/run.py", *sys.argv[1:]]) if sys.argv[1:] else "make bench"}
-
-
-def git_revision() -> str:
-    repo = HERE.parent
-    try:
-        rev = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "src"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return f"git {rev}{' + uncommitted changes in src/' if dirty else ''}" if rev else "no git"
-    except (OSError, subprocess.SubprocessError):
-        return "no git"
 
 
 # -- one benchmark ------------------------------------------------------------------------------------

@@ -463,20 +463,8 @@ def describe(args, duration_s: float) -> dict:
     return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "duration_s": round(duration_s, 1), "command": command, "cpu": machine.cpu_model(),
             "cpus": os.cpu_count(), "python": platform.python_version(),
-            "luminar": f"{luminar.__version__} ({git_revision()})", "torch": torch.__version__,
+            "luminar": f"{luminar.__version__} ({machine.git_revision()})", "torch": torch.__version__,
             "numpy": np.__version__}
-
-
-def git_revision() -> str:
-    """The short commit, noting uncommitted changes under src/ (they change what is measured)."""
-    try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "src"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
-        return f"git {rev}{' + uncommitted changes in src/' if dirty else ''}" if rev else "no git"
-    except (OSError, subprocess.SubprocessError):
-        return "no git"
 
 
 if __name__ == "__main__":

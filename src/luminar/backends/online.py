@@ -76,7 +76,8 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     out += lines + [f"          lm_qp[lm_ii][{k}] = {q};", "        }", "      }",
                     f"      for (long long lm_j0 = 0; lm_j0 < {N}; lm_j0 += {tj}) {{"]
     # -- does this block's score depend on the dot product at all? (the score is affine in it: slope 0?)
-    if slope(plan.score, plan.dot) is not None:
+    rise = slope(plan.score, plan.dot)
+    if rise is not None:
         out += ["        int lm_dotless = 1; float lm_top0 = -INFINITY;", f"        for (int lm_ii = 0; lm_ii < lm_nr && lm_dotless; lm_ii++) {{",
                 f"          {clamp_i}", "          #pragma omp simd reduction(&:lm_dotless) reduction(max:lm_top0)",
                 f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{", f"            {clamp_j}"]
@@ -87,7 +88,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
         inner.names[plan.dot] = "0.0f"
         at = [inner.emit(plan.score)]  # the score at dot = 0, then its slope
         em.lines, em.count = em.lines + inner.lines, inner.count
-        at.append(em.emit(slope(plan.score, plan.dot)))
+        at.append(em.emit(rise))
         count[0] = em.count
         out += em.lines + [f"            lm_dotless &= ({at[1]} == 0.0f);",
                            f"            lm_top0 = lm_j0 + lm_jj < {N} && {at[0]} > lm_top0 ? {at[0]} : lm_top0;", "          }", "        }",

@@ -110,17 +110,19 @@ class KernelProgram:
     dims: list[str] = field(default_factory=list)  # symbolic dim names, in the order the entry point takes them
 
 
+def children(e) -> tuple:
+    """The IR expressions directly under `e`."""
+    if isinstance(e, Apply):
+        return e.args
+    return (e.body,) if isinstance(e, Reduce) else (e.value,) if isinstance(e, Select) else \
+        (e.index, e.body) if isinstance(e, Gather) else ()
+
+
 def walk(expr):
     """Every IR node of an expression, parents before children."""
     yield expr
-    if isinstance(expr, Apply):
-        for a in expr.args:
-            yield from walk(a)
-    elif isinstance(expr, (Reduce, Select)):
-        yield from walk(expr.body if isinstance(expr, Reduce) else expr.value)
-    elif isinstance(expr, Gather):
-        yield from walk(expr.index)
-        yield from walk(expr.body)
+    for c in children(expr):
+        yield from walk(c)
 
 
 def depends_on(e) -> frozenset:
@@ -353,7 +355,7 @@ class Lowering:
             fixed |= rows
 
     def decide(self, fixed: set, inline) -> set:
-        """Set `realized` (and `holds_row`) from the nodes that must be realized; return the row
+        """Set `realized` (and `row_values`) from the nodes that must be realized; return the row
         values found that should be realized as well."""
         self.realized, rows = set(fixed), set()
         # Decided in topological order, since a node's cost depends on what its sources inline:
@@ -370,22 +372,20 @@ class Lowering:
         #   innermost: read in order by elementwise ops or by a reduction over the last axis.
         # - a node that reads no buffer (index arithmetic: a causal mask) is recomputed up to
         #   INDEX_ONLY_MAX_OPS ops: a few integer compares cost less than an S x S buffer.
-        holds_reduce, holds_row, transcendental, cost, reads = {}, {}, {}, {}, {}
-        row_srcs: dict[int, set] = {}  # node id -> the row values it inlines
+        holds_reduce, transcendental, cost, reads = {}, {}, {}, {}
+        row_srcs: dict[int, set] = {}  # node id -> the row values it inlines (empty: it holds none)
         for n in self.graph.nodes:
             holds_reduce[n.id] = bool(n.primitive and n.primitive.kind == "reduce")
-            holds_row[n.id] = transcendental[n.id] = False
+            transcendental[n.id] = False
             cost[n.id], row_srcs[n.id] = n.op not in DATA_OPS, set()
             reads[n.id] = n.op == "input" or any(src.id in self.realized or reads[src.id] for src, _ in n.srcs)
             for src, tracker in n.srcs:
                 if src.id in self.realized:
                     continue
                 if _row_broadcast(tracker, src.shape):  # computed per row, not per element of n
-                    holds_row[n.id] |= holds_reduce[src.id] or holds_row[src.id]
-                    row_srcs[n.id] |= {src.id} if holds_reduce[src.id] or holds_row[src.id] else set()
+                    row_srcs[n.id] |= {src.id} if holds_reduce[src.id] or row_srcs[src.id] else set()
                     continue
                 holds_reduce[n.id] |= holds_reduce[src.id]
-                holds_row[n.id] |= holds_row[src.id]
                 cost[n.id] += cost[src.id]
                 transcendental[n.id] |= transcendental[src.id]
                 row_srcs[n.id] |= row_srcs[src.id]
@@ -401,12 +401,12 @@ class Lowering:
             elif len(n_uses) == 1 and (holds_reduce[n.id] or transcendental[n.id]) \
                     and _read_more_than_once(n, n_uses) and out_of_order:
                 self.realized.add(n.id)
-            elif holds_row[n.id] and out_of_order:
+            elif row_srcs[n.id] and out_of_order:
                 if any(_read_more_than_once(n, [use]) for use in out_of_order):
                     self.realized.add(n.id)
                 else:
                     rows |= row_srcs[n.id]
-        self.holds_row = holds_row
+        self.row_values = row_srcs
         return rows
 
     def new_buffer(self, numel, dtype, kind, name) -> int:

@@ -93,7 +93,7 @@ def online_plan(kernel: Kernel) -> OnlinePlan | None:
     (total,) = totals
     j = total.var.name
     inside = [f for f in factors(total.body) if j in depends_on(f)]
-    shifted = [(f, _shifted_exp(f, j)) for f in inside if _shifted_exp(f, j) is not None]
+    shifted = [(f, found) for f in inside if (found := _shifted_exp(f, j)) is not None]
     if len(shifted) != 1 or len(inside) < 2:
         return None
     weight, (score, maximum, scale) = shifted[0]
@@ -130,7 +130,7 @@ def fusion_regions(lowering) -> list[tuple[int, frozenset]]:
     regions = []
     for p in graph.nodes:
         if p.id not in realized or p.id in outputs or p.op == "input" or len(uses.get(p.id, ())) != 1 \
-                or not lowering.holds_row[p.id]:
+                or not lowering.row_values[p.id]:
             continue
         inside, stack, read = {p.id}, [p], set()
         while stack:  # p's inlined expression, and the realized nodes it reads

@@ -56,7 +56,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends import cc
-from ..backends.cpu import PRELUDE, Schedule, default_schedule, plan_tiles, render_kernel, render_oracle
+from ..backends.cpu import (ONLINE_KEYS, ONLINE_ROWS, PRELUDE, Schedule, default_schedule, plan_tiles, render_kernel,
+                            render_oracle)
 from ..errors import DimensionError, UnsupportedError, ValueDomainError
 from .kernels import (Apply, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select, depends_on, loads,
                       numel, walk)
@@ -644,11 +645,12 @@ def _c_function(lib, name: str, argtypes: list):
 
 
 def _variants_source(program, kernel, schedules, which, oracle) -> str:
-    parts = [PRELUDE, oracle]
-    for k in which:
-        variant = dataclasses.replace(kernel, name=f"lm_variant{k}")
-        parts.append(render_kernel(program, variant, schedules[k]).replace("static void", "void", 1))
-    return "\n\n".join(parts)
+    return "\n\n".join([PRELUDE, oracle] + [_exported(program, kernel, f"lm_variant{k}", schedules[k]) for k in which])
+
+
+def _exported(program, kernel, name: str, schedule=None) -> str:
+    """The kernel's C function under `name`, callable from outside its shared object."""
+    return render_kernel(program, dataclasses.replace(kernel, name=name), schedule).replace("static void", "void", 1)
 
 
 def _random_buffers(program, kernel, env, seed) -> dict[int, np.ndarray]:
@@ -795,12 +797,12 @@ def search_program(program: KernelProgram, opts: SearchOptions, fixed: dict | No
     for fp, kernels, bucket, big in plans:
         kernel, env = kernels[0], opts.dims
         key = tuning_key(fp, bucket, opts.seed)
+        default = default_schedule(kernel)
         choice = Choice(fixed[fp], "fused") if fp in (fixed or {}) else load_tuning(key) if big else None
-        if choice is None and default_schedule(kernel).kind == "online":
-            choice = Choice(default_schedule(kernel), "default")  # (no loop-nest search for these)
+        if choice is None and default.kind == "online":
+            choice = Choice(default, "default")  # (no loop-nest search for these)
         if choice is None:
             left = opts.budget_s - (time.perf_counter() - started)
-            default = default_schedule(kernel)
             if not big:
                 choice = Choice(default, "small")
             elif left <= 0:
@@ -825,7 +827,7 @@ def search_program(program: KernelProgram, opts: SearchOptions, fixed: dict | No
 
 
 # -- fusion: the online-softmax rewrite, kept where it measures faster -------------------------------
-ONLINE_TILES = ((64, 64), (128, 64), (32, 64), (64, 32))  # (query rows, keys) per block, the first the default
+ONLINE_TILES = ((ONLINE_ROWS, ONLINE_KEYS), (128, 64), (32, 64), (64, 32))  # (query rows, keys) per block
 
 
 @dataclass
@@ -855,11 +857,14 @@ def search_fusion(lowering, program: KernelProgram, opts: SearchOptions):
     from .memory import plan_memory
     from .online import absorbed_by, fusion_regions
     regions = fusion_regions(lowering)
+    if not regions:
+        return program, [], {}
     everything = frozenset().union(*(r for _, r in regions))
     trial = Lowering(lowering.graph, everything)
-    fused = trial.run() if regions else program
+    fused = trial.run()
     by_out, default_by_out = {k.out: k for k in fused.kernels}, {k.out: k for k in program.kernels}
     chosen, fusions, decided, schedules = set(), [], {}, {}
+    arena = tuple(plan_memory(kp, opts.dims).arena_bytes for kp in (program, fused))  # (the same for every region)
     for p, region in regions:
         target = absorbed_by(trial, p)
         kernel = by_out.get(trial.buffer_of.get(target))
@@ -872,7 +877,6 @@ def search_fusion(lowering, program: KernelProgram, opts: SearchOptions):
             key = tuning_key("fusion " + fp, opts.dims, opts.seed)
             decided[fp] = load_tuning(key, Fusion) or _time_fusion(program, replaced, fused, kernel, opts, key)
         decision = decided[fp]
-        arena = tuple(plan_memory(kp, opts.dims).arena_bytes for kp in (program, fused))
         fusions.append(dataclasses.replace(decision, replaced=[k.name for k in replaced], kernel=kernel.name, arena=arena))
         if decision.chosen:
             chosen |= region
@@ -905,8 +909,7 @@ def _unfused_output(program, replaced, fused, bench) -> np.ndarray:
     recomputes the scores in several loops, where one rounding apart is inf for masked scores
     of -1e30 times a random mask.)"""
     chain = sorted(replaced, key=program.kernels.index)
-    lib = cc.load("\n\n".join([PRELUDE] + [render_kernel(program, dataclasses.replace(k, name=f"lm_chain{n}"))
-                                            .replace("static void", "void", 1) for n, k in enumerate(chain)]))
+    lib = cc.load("\n\n".join([PRELUDE] + [_exported(program, k, f"lm_chain{n}") for n, k in enumerate(chain)]))
     given = {fused.buffers[b].name: arr for b, arr in bench.arrays.items() if b != bench.kernel.out}
     pointers, arrays = (ctypes.c_void_p * len(program.buffers))(), {}
     for b in sorted({ld.buffer for k in chain for ld in loads(k.value)} | {k.out for k in chain}):
