@@ -189,7 +189,7 @@ def fuse(monkeypatch, tmp_path):
     def force(decision):
         def timed(*args):
             result = real(*args)
-            return dataclasses.replace(result, chosen=decision and any(t is not None for _, t in result.candidates))
+            return dataclasses.replace(result, chosen=decision and any(t is not None for _, t, _ in result.candidates))
         monkeypatch.setattr(search, "_time_fusion", timed)
     return force
 
@@ -262,7 +262,7 @@ def test_slower_fusion_is_not_kept_and_explain_says_why(fuse):
     program = g.compile("cpu", search=True)
     assert [f.chosen for f in program.fusions] == [False] and len(program.kernels.kernels) == 3
     text = program.explain()
-    assert "fusion: online softmax over" in text and "kept unfused" in text and "online softmax, blocks of" in text
+    assert "fusion: softmax region" in text and "kept unfused" in text and "online softmax, blocks of" in text
     np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)
 
 
@@ -278,7 +278,7 @@ def test_a_broken_fused_kernel_fails_validation_and_is_never_kept(fuse, monkeypa
     g, arrays = attention_graph(), attention_inputs()
     program = g.compile("cpu", search=True)
     assert [f.chosen for f in program.fusions] == [False]
-    assert all(t is None for _, t in program.fusions[0].candidates)
+    assert all(t is None for _, t, _ in program.fusions[0].candidates)
     assert "failed" in program.explain()
     np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)
 
@@ -314,3 +314,34 @@ def test_only_the_plain_softmax_weighted_sum_is_rewritten(build, rewritten):
     graph = optimize(g)
     (kernel,) = Lowering(graph, frozenset(n.id for n in graph.nodes)).run().kernels
     assert (online_plan(kernel) is not None) == rewritten
+
+
+# -- the fusion rules, each on its own ---------------------------------------------------------------
+def test_each_fusion_rule_needs_its_fact():
+    """From the stored form (the default lowering's), `fuse` reaches the inlined form only for a
+    fusable region, the online-softmax rule reaches the online form only where the inlined consumer
+    matches online_plan, and un-fusing leads back: each region's e-class holds what its facts allow."""
+    from luminar.compiler.search import fusion_forms
+    forms = fusion_forms({3: {"fusable", "online_form"}, 5: {"fusable"}, 7: set(), 9: {"online_form"}})
+    assert forms == {3: ["inlined", "online", "stored"], 5: ["inlined", "stored"], 7: ["stored"], 9: ["stored"]}
+
+
+def test_the_inlined_form_is_timed_only_for_a_few_columns(fuse):
+    """With 2 output columns (v of width 2) the inlined form's plain loops compute each weight twice:
+    it is compiled, validated against the unfused kernels and timed next to the online kernels. With
+    32 columns it would compute each 32 times and is pruned unmeasured. Either way the program is
+    right."""
+    fuse(True)
+    for dim, timed in ((2, True), (32, False)):
+        g = lm.Graph()
+        q, k, v = g.tensor("q", (2, 40, 8)), g.tensor("k", (2, 40, 8)), g.tensor("v", (2, 40, dim))
+        (q @ k.transpose(-1, -2)).softmax(-1).matmul(v).output("o")
+        program = g.compile("cpu", search=True)
+        loops = [c for c in program.fusions[0].candidates if c[0].startswith("loops")]
+        assert {"inlined", "stored"} <= set(program.fusions[0].forms)
+        assert (loops[0][2] == "timed" and loops[0][1] is not None) if timed else loops[0][2].startswith("pruned")
+        arrays = {"q": np.random.default_rng(1).standard_normal((2, 40, 8)).astype(np.float32),
+                  "k": np.random.default_rng(2).standard_normal((2, 40, 8)).astype(np.float32),
+                  "v": np.random.default_rng(3).standard_normal((2, 40, dim)).astype(np.float32)}
+        want = F.scaled_dot_product_attention(*(torch.from_numpy(arrays[x]) for x in "qkv"), scale=1.0)
+        np.testing.assert_allclose(program(**arrays)["o"], want.numpy(), rtol=1e-4, atol=1e-5)

@@ -29,10 +29,15 @@ Without search every kernel gets the rule-chosen default schedule. With search:
    and the search's and renderer's own code, written atomically. The whole compile's search has
    a time budget; kernels left when it is spent keep the default (and are not cached).
 
-Before the schedules, one fusion choice (search_fusion): each softmax region the lowering would
-give a buffer (compiler/online.py) is lowered inlined into its consumer, where the online-softmax
-rewrite applies; that kernel is validated against the unfused kernels run on the same random
-inputs, its block sizes are timed, and it is kept only if it beats the kernels it replaces.
+Before the schedules, the fusion choice (search_fusion). Each softmax region the lowering would
+give a buffer (compiler/online.py) is an e-graph term ``Read.stored(node)``: how its consumer gets
+its value. The fuse ruleset grows the other forms, each rule guarded by a fact: fuse (stored ->
+inlined, where inlining is legal), un-fuse (inlined -> stored) and the online-softmax recurrence
+(inlined -> online, where the consumer's weighted sum of exponentials matches online_plan). Each
+form of a region's e-class is a candidate: the fused kernel is validated against the unfused
+kernels run on the same random inputs, the online form's block sizes and the inlined form's plain
+loops (only for a few output columns: they recompute the region per column) are timed, and the
+fastest is kept only if it beats the kernels it replaces.
 
 The candidate set is a pure function of the kernel, the bucket and the seed; which candidate
 wins depends on measurements (a candidate within NOISE of an earlier one in the ranked order
@@ -174,11 +179,23 @@ def _model():
     class Root(Expr):
         def __init__(self, nest: Nest) -> None: ...
 
+    class Read(Expr):  # how a consumer kernel gets a fusion region's value (the region by graph node id)
+        @classmethod
+        def stored(cls, node: i64Like) -> Read: ...  # noqa: F821 - the region's own kernels write a buffer
+
+        @classmethod
+        def inlined(cls, node: i64Like) -> Read: ...  # noqa: F821 - computed inside the consumer's loops
+
+        @classmethod
+        def online(cls, node: i64Like) -> Read: ...  # noqa: F821 - inlined, the consumer's weighted sum as
+        #                                               the online-softmax recurrence (compiler/online.py)
+
     facts = {"extent": relation("extent", String, i64), "factor": relation("factor", String, i64),
              "subfactor": relation("subfactor", String, i64, i64), "spatial": relation("spatial", String),
              "unit": relation("unit", String), "tileable": relation("tileable", String),
              "register": relation("register", String), "packable": relation("packable"),
-             "rows_packable": relation("rows_packable")}
+             "rows_packable": relation("rows_packable"), "fusable": relation("fusable", i64),
+             "online_form": relation("online_form", i64)}
     fact = facts
     d, e, k, k2 = vars_("d e k k2", String)
     sp, st, sp2, st2, f = vars_("sp st sp2 st2 f", i64)
@@ -212,7 +229,14 @@ def _model():
                                                            fact["packable"](), st > 1),
         rewrite(Root(L(d, sp, st, k, x))).to(Root(Nest.pack_rows(L(d, sp, st, k, x))), fact["rows_packable"]()),
         name="annotate")
-    return Nest, Root, facts, (tile, order, annotate)
+    node = var("node", i64)
+    fuse = ruleset(
+        rewrite(Read.stored(node)).to(Read.inlined(node), fact["fusable"](node)),  # fuse into the consumer
+        rewrite(Read.inlined(node)).to(Read.stored(node)),  # un-fuse: always legal
+        # max-reduce / exp / sum-reduce weighting a sum -> running max with a rescaled running sum
+        rewrite(Read.inlined(node)).to(Read.online(node), fact["online_form"](node)),
+        name="fuse")
+    return Nest, Root, facts, (tile, order, annotate), Read, fuse
 
 
 @dataclass
@@ -262,7 +286,7 @@ def space(kernel: Kernel, env: dict) -> Space:
 
 def saturate(sp: Space):
     """An e-graph holding the naive nest and every nest the staged rulesets reach from it."""
-    Nest, Root, relations, stages = _model()
+    Nest, Root, relations, stages, *_ = _model()
     from egglog import EGraph
     egraph = EGraph()
     for name, *args in sp.facts:
@@ -826,20 +850,23 @@ def search_program(program: KernelProgram, opts: SearchOptions, fixed: dict | No
     return choices
 
 
-# -- fusion: the online-softmax rewrite, kept where it measures faster -------------------------------
+# -- fusion: regions of the program as e-graph terms, each form measured -----------------------------
 ONLINE_TILES = ((ONLINE_ROWS, ONLINE_KEYS), (128, 64), (32, 64), (64, 32))  # (query rows, keys) per block
+INLINE_COLUMNS = 4  # the inlined form is timed only when it recomputes a region for at most this many columns
 
 
 @dataclass
 class Fusion:
-    """One fusion choice: inline a softmax region into the kernel consuming it (rendered as a
-    single-pass online-softmax kernel), or keep the default kernels, whichever measured faster."""
+    """One fusion region's choice: the form its value takes in the consumer kernel -- "stored" (the
+    default kernels), "inlined" (the consumer's plain loops recompute it) or "online" (a single-pass
+    online-softmax kernel) -- whichever measured fastest."""
     replaced: list  # names of the default kernels the fused one replaces
     kernel: str  # the fused kernel's name in the fused lowering
-    unfused_s: float  # the replaced kernels' median times, summed
-    candidates: list  # [description, median seconds or None (failed validation)] of the fused kernel
-    schedule: Schedule  # the fastest valid online schedule
-    chosen: bool
+    unfused_s: float  # the replaced kernels' median times, summed (the stored form)
+    candidates: list  # [description, median seconds or None, "timed" | "failed" | "pruned (...)"] of fused forms
+    schedule: Schedule  # the fastest valid fused schedule
+    chosen: bool  # whether it beat the stored form
+    forms: list = field(default_factory=list)  # the forms the e-graph's rules reached for this region
     arena: tuple = (0, 0)  # bytes of temporaries in the shape bucket: (unfused, fused)
     source: str = "searched"  # | "cached"
 
@@ -848,11 +875,27 @@ class Fusion:
         return cls(**{**data, "schedule": Schedule(**data["schedule"]), "arena": tuple(data["arena"]), "source": "cached"})
 
 
+def fusion_forms(facts: dict[int, set]) -> dict[int, list[str]]:
+    """The forms each fusion region (by graph node id) can take in its consumer: an e-graph starts
+    from the stored form of each (what the default lowering does) and the fuse ruleset grows the
+    others, each rule guarded by a fact in `facts[node]`: "fusable" (inlining the region is legal:
+    every region compiler/online.fusion_regions proposes) and "online_form" (the inlined consumer
+    matches online_plan). Each region's e-class then holds its forms, one e-node each."""
+    *_, relations, _, Read, fuse = _model()
+    from egglog import EGraph
+    egraph, reads = EGraph(), {node: Read.stored(node) for node in facts}
+    for node, known in facts.items():
+        egraph.register(reads[node], *[relations[name](node) for name in sorted(known)])
+    egraph.run(fuse.saturate())
+    return {node: sorted(str(t).split("(")[0].rsplit(".", 1)[-1] for t in egraph.extract_multiple(read, 4))
+            for node, read in reads.items()}
+
+
 def search_fusion(lowering, program: KernelProgram, opts: SearchOptions):
     """(program, fusions, schedules): the program lowered with every fusion region (compiler/online.py)
-    whose online-softmax kernel beat the kernels it replaces, timed in the shape bucket (a fused
-    kernel failing validation never wins), and the chosen online schedule by kernel fingerprint.
-    Decisions are cached like schedules."""
+    whose fastest fused form beat the kernels it replaces, timed in the shape bucket (a fused kernel
+    failing validation never wins), and the chosen schedule by kernel fingerprint. Decisions are
+    cached like schedules."""
     from .kernels import Lowering
     from .memory import plan_memory
     from .online import absorbed_by, fusion_regions
@@ -863,19 +906,24 @@ def search_fusion(lowering, program: KernelProgram, opts: SearchOptions):
     trial = Lowering(lowering.graph, everything)
     fused = trial.run()
     by_out, default_by_out = {k.out: k for k in fused.kernels}, {k.out: k for k in program.kernels}
+    consumers = {}  # region's node -> (the fused kernel, the default kernels it replaces)
+    for p, region in regions:
+        kernel = by_out.get(trial.buffer_of.get(absorbed_by(trial, p)))
+        if kernel is not None:
+            consumers[p] = kernel, [default_by_out[lowering.buffer_of[n]] for n in sorted(region | {absorbed_by(trial, p)})
+                                    if lowering.buffer_of.get(n) in default_by_out]
+    forms = fusion_forms({p: {"fusable", "online_form"} if default_schedule(k).kind == "online" else {"fusable"}
+                          for p, (k, _) in consumers.items()})
     chosen, fusions, decided, schedules = set(), [], {}, {}
     arena = tuple(plan_memory(kp, opts.dims).arena_bytes for kp in (program, fused))  # (the same for every region)
     for p, region in regions:
-        target = absorbed_by(trial, p)
-        kernel = by_out.get(trial.buffer_of.get(target))
-        if kernel is None or default_schedule(kernel).kind != "online":
+        if p not in consumers:
             continue
-        replaced = [default_by_out[lowering.buffer_of[n]] for n in sorted(region | {target})
-                    if lowering.buffer_of.get(n) in default_by_out]
+        kernel, replaced = consumers[p]
         fp = fingerprint(fused, kernel)
         if fp not in decided:
             key = tuning_key("fusion " + fp, opts.dims, opts.seed)
-            decided[fp] = load_tuning(key, Fusion) or _time_fusion(program, replaced, fused, kernel, opts, key)
+            decided[fp] = load_tuning(key, Fusion) or _time_fusion(program, replaced, fused, kernel, forms[p], opts, key)
         decision = decided[fp]
         fusions.append(dataclasses.replace(decision, replaced=[k.name for k in replaced], kernel=kernel.name, arena=arena))
         if decision.chosen:
@@ -886,19 +934,34 @@ def search_fusion(lowering, program: KernelProgram, opts: SearchOptions):
     return (fused if chosen else program), fusions, schedules
 
 
-def _time_fusion(program, replaced, fused, kernel, opts, key) -> Fusion:
+def _time_fusion(program, replaced, fused, kernel, forms, opts, key) -> Fusion:
+    """Time the stored form (the replaced kernels) and each fused form's schedules. The inlined form's
+    plain loops compute the region's values once per output column: it is compiled only for a few
+    columns (INLINE_COLUMNS), where the recomputation may cost less than storing the region."""
+    from ..backends.cpu import default_loops
     unfused = 0.0
     for k in replaced:
         bench = Bench(program, k, [default_schedule(k)], opts.dims, opts.seed)
         bench.validate()
         unfused += bench.time([0], 0.2)[0]
-    schedules = [Schedule("online", ti=ti, tj=tj) for ti, tj in ONLINE_TILES]
+    schedules = [Schedule("online", ti=ti, tj=tj) for ti, tj in ONLINE_TILES] * ("online" in forms)
+    pruned = []
+    if "inlined" in forms:
+        loops, columns = default_loops(kernel), _value(kernel.shape[-1], opts.dims) if kernel.shape else 1
+        if columns <= INLINE_COLUMNS:
+            schedules.append(loops)
+        else:
+            pruned.append([loops.describe(), None, f"pruned (recomputes the region for each of {columns} "
+                                                  f"columns: ~{unfused * columns * 1e3:.1f} ms)"])
+    if not schedules:
+        return Fusion([], kernel.name, unfused, pruned, default_schedule(kernel), False, forms)
     bench = Bench(fused, kernel, schedules, opts.dims, opts.seed)
     valid = bench.validate(_unfused_output(program, replaced, fused, bench))
     times = bench.time([k for k, ok in enumerate(valid) if ok], 0.5)
     best = min(times, key=times.get, default=0)
-    decision = Fusion([], kernel.name, unfused, [[s.describe(), times.get(k)] for k, s in enumerate(schedules)],
-                      schedules[best], best in times and times[best] < unfused * (1 - NOISE))
+    candidates = [[s.describe(), times.get(k), "timed" if valid[k] else "failed"] for k, s in enumerate(schedules)]
+    decision = Fusion([], kernel.name, unfused, candidates + pruned, schedules[best],
+                      best in times and times[best] < unfused * (1 - NOISE), forms)
     store_tuning(key, decision)
     return decision
 
@@ -938,12 +1001,12 @@ def explain(program: KernelProgram, choices: dict[str, Choice], opts: SearchOpti
     lines = [f"{len(program.kernels)} kernels; {head}"]
     for f in fusions:
         verdict = f"fused into {f.kernel}" if f.chosen else "kept unfused"
-        lines.append(f"fusion: online softmax over {' + '.join(f.replaced)}: {verdict} [{f.source}]; "
-                     f"unfused {f.unfused_s * 1e3:.3f} ms, arena {f.arena[0] / 1e6:.1f} MB -> fused "
+        lines.append(f"fusion: softmax region {' + '.join(f.replaced)} (forms: {', '.join(f.forms)}): {verdict} "
+                     f"[{f.source}]; unfused {f.unfused_s * 1e3:.3f} ms, arena {f.arena[0] / 1e6:.1f} MB -> fused "
                      f"{f.arena[1] / 1e6:.1f} MB")
-        for desc, seconds in f.candidates:
+        for desc, seconds, status in f.candidates:
             mark = " <- chosen" if f.chosen and desc == f.schedule.describe() else ""
-            lines.append(f"    {'   failed' if seconds is None else f'{seconds * 1e3:9.3f} ms'}  {desc}{mark}")
+            lines.append(f"    {f'{seconds * 1e3:9.3f} ms' if seconds is not None else f'{status:>9}'}  {desc}{mark}")
     first: dict[int, str] = {}
     for kernel in program.kernels:
         choice = choices.get(kernel.name) or Choice(default_schedule(kernel), "default")
