@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import luminar as lm
 from luminar.backends import cc
@@ -282,6 +283,23 @@ def test_exp2_is_right_across_its_range_including_masked_scores():
     np.testing.assert_allclose(out["y"], expected, rtol=2e-7, atol=1e-45)
     np.testing.assert_allclose(out["total"], np.exp2(scores.astype(np.float64)).sum(), rtol=1e-6)
 
+
+
+@pytest.mark.parametrize("where", [None, 5, 130, 199])  # in the 64-lane part (first, third block) or the tail
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+def test_row_max_propagates_nan_and_keeps_infinities(where, special):
+    """A row max runs as 64 lanes of plain max with NaNs kept aside: a NaN anywhere in the row
+    (lanes or the remainder after 3 x 64) makes it NaN, as torch.amax and numpy do; infinities
+    are ordinary values. As a reduction, and as the row value of a division and of a softmax."""
+    x = rand(3, 200, seed=7)
+    if where is not None:
+        x[1, where] = special
+    for build in (lambda t: t.amax(-1), lambda t: t / t.amax(-1, keepdim=True), lambda t: t.softmax(-1)):
+        g = lm.Graph()
+        build(g.tensor("x", (3, 200))).output("y")
+        program = g.compile("cpu")
+        reference = build(torch.from_numpy(x))
+        np.testing.assert_allclose(program(x=x)["y"], reference.numpy(), rtol=1e-5, atol=1e-7)
 
 # -- integer and vector rendering of quantized weights ---------------------------------------------
 

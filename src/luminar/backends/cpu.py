@@ -209,18 +209,26 @@ class _Emitter:
         chains hide the latency of the combine, which is what bounds a single accumulator."""
         prim, n, r, ind = PRIMITIVES[e.op], self.lanes, e.var.name, self.indent
         part, main = self.fresh("lane"), self.fresh("main")
-        self.lines += [f"{ind}float {part}[{n}];", f"{ind}for (int l = 0; l < {n}; l++) {part}[l] = {render_float(prim.identity)};",
-                       f"{ind}const long long {main} = ({e.extent.render_c()}) / {n} * {n};",
+        # a max keeps a plain max per lane and its NaNs aside (3 ops a step where the NaN-propagating
+        # max takes 6; a row max is a softmax's first pass), both combined NaN-propagating at the end
+        lanes = [part] + [self.fresh("seen")] * (e.op == "max_reduce")
+        self.lines += [f"{ind}float {a}[{n}]; for (int l = 0; l < {n}; l++) {a}[l] = {render_float(prim.identity)};"
+                       for a in lanes]
+        self.lines += [f"{ind}const long long {main} = ({e.extent.render_c()}) / {n} * {n};",
                        f"{ind}for (long long {r}0 = 0; {r}0 < {main}; {r}0 += {n}) {{", f"{ind}    #pragma omp simd",
                        f"{ind}    for (int l = 0; l < {n}; l++) {{", f"{ind}        const long long {r} = {r}0 + l;"]
         inner = _Emitter(self.program, ind + "        ")
         inner.names, inner.count = dict(self.names), self.count
         value = inner.emit(e.body)
         self.count = inner.count
-        self.lines += inner.lines + [f"{ind}        {part}[l] = {prim.c.format(f'{part}[l]', value)};{self.stashed(e, value)}",
-                                     f"{ind}    }}"] + self.prefetches(e, n) + [f"{ind}}}",
-                                     f"{ind}for (int l = 0; l < {n}; l++) {acc} = {prim.c.format(acc, f'{part}[l]')};",
-                                     f"{ind}for (long long {r} = {main}; {r} < {e.extent.render_c()}; {r}++) {{"]
+        step = f"{part}[l] = {prim.c.format(f'{part}[l]', value)};"
+        if len(lanes) > 1:
+            step = f"{part}[l] = {part}[l] > {value} ? {part}[l] : {value}; " \
+                   f"{lanes[1]}[l] = {value} != {value} ? {value} : {lanes[1]}[l];"
+        self.lines += inner.lines + [f"{ind}        {step}{self.stashed(e, value)}", f"{ind}    }}"] + \
+            self.prefetches(e, n) + [f"{ind}}}"] + \
+            [f"{ind}for (int l = 0; l < {n}; l++) {acc} = {prim.c.format(acc, f'{a}[l]')};" for a in lanes] + \
+            [f"{ind}for (long long {r} = {main}; {r} < {e.extent.render_c()}; {r}++) {{"]
         value = self.emit_block(e.body)
         self.lines += [f"{ind}    {acc} = {prim.c.format(acc, value)};{self.stashed(e, value)}", f"{ind}}}"]
         return acc
