@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import dtypes
-from .errors import DTypeError, DimensionError, InputError, ShapeError, ValueDomainError, UnsupportedError
+from .errors import DTypeError, InputError, ShapeError, ValueDomainError, UnsupportedError
 from .ops import PRIMITIVES, Primitive
 from .shape import ShapeTracker
 from .symbolic import Expr, Var, sym
@@ -165,13 +165,9 @@ class Graph:
 
     def dims(self) -> set[str]:
         """Names of the symbolic dimensions used anywhere in the graph."""
-        names = set()
-        for n in self.nodes:
-            for d in n.shape:
-                names |= d.vars()
-            if isinstance(n.value, Expr):
-                names |= {v for v in n.value.vars() if not v.startswith("_")}
-        return names
+        in_shapes = {name for n in self.nodes for d in n.shape for name in d.vars()}
+        values = [n.value for n in self.nodes if isinstance(n.value, Expr)]  # (skipping their index vars _dk)
+        return in_shapes | {name for e in values for name in e.vars() if not name.startswith("_")}
 
     def to_dot(self) -> str:
         """The graph in Graphviz DOT: one box per node, edges labelled with non-trivial views."""

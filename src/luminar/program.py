@@ -111,16 +111,15 @@ class Program:
                 if dim.vars() - set(env):
                     continue  # reported as unbound by the caller
                 expected = dim.evaluate(env)
-                if expected != actual:
-                    where = ""
-                    if not dim.is_const:
-                        src = sorted(v for v in dim.vars() if v in origin)
-                        where = "".join(f"; {v}={env[v]} was bound by input {origin[v][0]!r} axis {origin[v][1]}"
-                                        for v in src)
-                    raise DimensionError(f"input {name!r} axis {axis}: expected {dim} = {expected}, got {actual}"
-                                         f" (shape {arrays[name].shape}){where}") if not dim.is_const else \
-                        ShapeError(f"input {name!r}: expected shape {show_shape(node.shape)}, got {arrays[name].shape} "
-                                   f"(axis {axis}: expected {expected}, got {actual})")
+                if expected == actual:
+                    continue
+                if dim.is_const:
+                    raise ShapeError(f"input {name!r}: expected shape {show_shape(node.shape)}, "
+                                     f"got {arrays[name].shape} (axis {axis}: expected {expected}, got {actual})")
+                where = "".join(f"; {v}={env[v]} was bound by input {origin[v][0]!r} axis {origin[v][1]}"
+                                for v in sorted(dim.vars()) if v in origin)
+                raise DimensionError(f"input {name!r} axis {axis}: expected {dim} = {expected}, got {actual}"
+                                     f" (shape {arrays[name].shape}){where}")
 
 
 def _solve_linear(dim, var, actual, env):

@@ -44,8 +44,19 @@ def row_major_strides(shape) -> tuple[Expr, ...]:
     return tuple(reversed(strides))
 
 
-def _product(dims) -> Expr:
-    return prod(dims, start=sym(1))
+def numel(shape) -> Expr:
+    """The number of elements of `shape` (symbolic where the dims are)."""
+    return prod(shape, start=sym(1))
+
+
+def flat_index(idx, shape) -> Expr:
+    """The row-major position of index `idx` in a buffer of `shape`."""
+    return sum((i * s for i, s in zip(idx, row_major_strides(shape))), sym(0))
+
+
+def _splice(seq, k: int, *values) -> list:
+    """`seq` as a list with element k replaced by `values` (one or more)."""
+    return [*seq[:k], *values, *seq[k + 1:]]
 
 
 class ViewStep(NamedTuple):
@@ -75,7 +86,7 @@ class ShapeTracker:
 
     @property
     def numel(self) -> Expr:
-        return _product(self.shape)
+        return numel(self.shape)
 
     def is_contiguous(self) -> bool:
         """True when the view reads its buffer exactly in row-major order, with nothing masked."""
@@ -116,29 +127,24 @@ class ShapeTracker:
     def expand(self, shape) -> ShapeTracker:
         """Broadcast size-1 dimensions to `shape` (same rank) with stride 0."""
         shape = [sym(d) for d in shape]
-        strides, subst = list(self.strides), {}
-        for k, (old, new) in enumerate(zip(self.shape, shape)):
-            if old != new:
-                strides[k], subst[f"_d{k}"] = sym(0), sym(0)
-        subst.update({f"_d{k}": index_var(k, d) for k, d in enumerate(shape) if f"_d{k}" not in subst})
+        grown = [k for k, (old, new) in enumerate(zip(self.shape, shape)) if old != new]
+        strides = [sym(0) if k in grown else s for k, s in enumerate(self.strides)]
+        subst = self._reindex(shape, {k: sym(0) for k in grown})
         return self._with(("expand", tuple(shape)), shape, strides, self.offset, subst)
 
     def slice(self, dim: int, start, stop, step: int = 1) -> ShapeTracker:
         """Keep start, start+step, ... < stop along `dim` (bounds already normalized, step > 0)."""
         start, stop = sym(start), sym(stop)
         size = smax((stop - start + step - 1) // step, 0)
-        shape = list(self.shape)
-        shape[dim] = size
-        strides = list(self.strides)
-        strides[dim] = self.strides[dim] * step
+        shape = _splice(self.shape, dim, size)
+        strides = _splice(self.strides, dim, self.strides[dim] * step)
         subst = self._reindex(shape, {dim: start + index_var(dim, size) * step})
         return self._with(("slice", dim, start, stop, step), shape, strides, self.offset + start * self.strides[dim],
                           subst)
 
     def flip(self, dim: int) -> ShapeTracker:
         n = self.shape[dim]
-        strides = list(self.strides)
-        strides[dim] = -self.strides[dim]
+        strides = _splice(self.strides, dim, -self.strides[dim])
         subst = self._reindex(self.shape, {dim: n - 1 - index_var(dim, n)})
         return self._with(("flip", dim), self.shape, strides, self.offset + (n - 1) * self.strides[dim], subst)
 
@@ -146,8 +152,7 @@ class ShapeTracker:
         """Add `before`/`after` zero positions along `dim` (both >= 0)."""
         before, after = sym(before), sym(after)
         n = self.shape[dim]
-        shape = list(self.shape)
-        shape[dim] = n + before + after
+        shape = _splice(self.shape, dim, n + before + after)
         i = index_var(dim, shape[dim])
         subst = self._reindex(shape, {dim: i - before})
         inside = i.ge(before) & i.lt(before + n)
@@ -161,9 +166,8 @@ class ShapeTracker:
         """
         n = self.shape[dim]
         out = (n - dilation * (size - 1) - 1) // stride + 1
-        shape = list(self.shape[:dim]) + [out, sym(size)] + list(self.shape[dim + 1:])
-        st = self.strides[dim]
-        strides = list(self.strides[:dim]) + [st * stride, st * dilation] + list(self.strides[dim + 1:])
+        shape = _splice(self.shape, dim, out, sym(size))
+        strides = _splice(self.strides, dim, self.strides[dim] * stride, self.strides[dim] * dilation)
         new = index_vars(shape)
         subst = {f"_d{k}": new[k if k < dim else k + 1] for k in range(self.ndim) if k != dim}
         subst[f"_d{dim}"] = new[dim] * stride + new[dim + 1] * dilation
@@ -195,13 +199,10 @@ class ShapeTracker:
             for j in reversed(new_dims):
                 strides[j], acc = acc, acc * shape[j]
             # each old index in terms of the new ones, for the validity expression
-            flat, scale = sym(0), sym(1)
-            for j in reversed(new_dims):
-                flat, scale = flat + new_idx[j] * scale, scale * shape[j]
-            scale = sym(1)
-            for k in reversed(old_dims):
-                subst[f"_d{k}"] = (flat // scale) % self.shape[k]
-                scale = scale * self.shape[k]
+            flat = flat_index([new_idx[j] for j in new_dims], [shape[j] for j in new_dims])
+            old_sizes = [self.shape[k] for k in old_dims]
+            for k, size, scale in zip(old_dims, old_sizes, row_major_strides(old_sizes)):
+                subst[f"_d{k}"] = (flat // scale) % size
         valid = self.valid.substitute(subst) if self.valid != one else self.valid
         return ShapeTracker(shape, tuple(strides), self.offset, valid, self._record(("reshape", shape)))
 

@@ -107,16 +107,16 @@ class Expr:
     def __rmod__(self, other): return _mod(sym(other), self)
 
     # -- logic (0/1 valued) ----------------------------------------------------------------
-    def lt(self, other): return compare("<", self, other)
-    def le(self, other): return compare("<=", self, other)
-    def gt(self, other): return compare("<", other, self)
-    def ge(self, other): return compare("<=", other, self)
-    def eq(self, other): return compare("==", self, other)
-    def ne(self, other): return compare("!=", self, other)
-    def __and__(self, other): return logic(And, self, other)
-    def __rand__(self, other): return logic(And, other, self)
-    def __or__(self, other): return logic(Or, self, other)
-    def __ror__(self, other): return logic(Or, other, self)
+    def lt(self, other): return _compare("<", self, sym(other))
+    def le(self, other): return _compare("<=", self, sym(other))
+    def gt(self, other): return _compare("<", sym(other), self)
+    def ge(self, other): return _compare("<=", sym(other), self)
+    def eq(self, other): return _compare("==", self, sym(other))
+    def ne(self, other): return _compare("!=", self, sym(other))
+    def __and__(self, other): return _logic(And, self, sym(other))
+    def __rand__(self, other): return _logic(And, sym(other), self)
+    def __or__(self, other): return _logic(Or, self, sym(other))
+    def __ror__(self, other): return _logic(Or, sym(other), self)
 
     def __invert__(self):
         return self.eq(0)  # Compare overrides this to flip its operator instead
@@ -231,9 +231,7 @@ class Var(Expr):
         return sym(mapping[self.name]) if self.name in mapping else self
 
     def evaluate(self, env):
-        if self.name not in env:
-            raise KeyError(self.name)
-        return env[self.name]
+        return env[self.name]  # KeyError(name) when unbound
 
     def __str__(self):
         return self.name
@@ -277,10 +275,7 @@ class Sum(Expr):
         return (lo, hi)
 
     def _rebuild(self, children):
-        result = _const(self.const)
-        for child, (_, coeff) in zip(children, self.terms):
-            result = add(result, mul(child, coeff))
-        return result
+        return sum((child * coeff for child, (_, coeff) in zip(children, self.terms)), _const(self.const))
 
     def evaluate(self, env):
         return sum((coeff * term.evaluate(env) for term, coeff in self.terms), self.const)
@@ -312,10 +307,7 @@ class Mul(Expr):
         return (lo, hi)
 
     def _rebuild(self, children):
-        result = _const(1)
-        for child in children:
-            result = mul(result, child)
-        return result
+        return math.prod(children, start=_const(1))
 
     def evaluate(self, env):
         return math.prod(f.evaluate(env) for f in self.children)
@@ -354,13 +346,6 @@ def _floordiv_range(x: tuple, d: tuple) -> tuple:
     return (_fdiv(x_lo, d_lo if x_lo < 0 else d_hi), _fdiv(x_hi, d_hi if x_hi < 0 else d_lo))
 
 
-def _c_division(a: Expr, b: Expr, c_op: str, helper: str) -> str:
-    # C truncates toward zero; that equals flooring when both sides are provably positive.
-    if a._range[0] >= 0 and b._range[0] >= 1:
-        return f"({a.render_c()} {c_op} {b.render_c()})"
-    return f"{helper}({a.render_c()}, {b.render_c()})"
-
-
 class _Division(BinOp):
     """Floor division and modulo: C's truncating / and % where both sides are provably positive."""
     prec = DIV
@@ -372,7 +357,10 @@ class _Division(BinOp):
         return f"{_wrap(self.a, MUL)} {self.symbol} {_wrap(self.b, ATOM)}"
 
     def render_c(self):
-        return _c_division(self.a, self.b, self.c_op, self.helper)
+        # C truncates toward zero; that equals flooring when both sides are provably positive.
+        if self.a._range[0] >= 0 and self.b._range[0] >= 1:
+            return f"({self.a.render_c()} {self.c_op} {self.b.render_c()})"
+        return f"{self.helper}({self.a.render_c()}, {self.b.render_c()})"
 
 
 class FloorDiv(_Division):
@@ -383,7 +371,7 @@ class FloorDiv(_Division):
         return _floordiv_range(self.a._range, self.b._range)
 
     def _rebuild(self, children):
-        return floordiv(*children)
+        return _floordiv(*children)
 
 
 class Mod(_Division):
@@ -397,18 +385,18 @@ class Mod(_Division):
         return (min(d_lo + 1, 0), max(d_hi - 1, 0))  # the result takes the divisor's sign
 
     def _rebuild(self, children):
-        return mod(*children)
+        return _mod(*children)
 
 
 class Min(BinOp):
-    name, c_op, np_fn = "min", "<", np.minimum
+    name, c_op, np_fn, pick = "min", "<", np.minimum, min
 
     @cached_property
-    def _range(self):
-        return (min(self.a._range[0], self.b._range[0]), min(self.a._range[1], self.b._range[1]))
+    def _range(self):  # min/max are monotonic in both operands: the ends pick from the ends
+        return (self.pick(self.a._range[0], self.b._range[0]), self.pick(self.a._range[1], self.b._range[1]))
 
     def _rebuild(self, children):
-        return minmax(type(self), *children)
+        return _minmax(type(self), *children)
 
     def evaluate(self, env):
         result = self.np_fn(self.a.evaluate(env), self.b.evaluate(env))
@@ -423,11 +411,7 @@ class Min(BinOp):
 
 
 class Max(Min):
-    name, c_op, np_fn = "max", ">", np.maximum
-
-    @cached_property
-    def _range(self):
-        return (max(self.a._range[0], self.b._range[0]), max(self.a._range[1], self.b._range[1]))
+    name, c_op, np_fn, pick = "max", ">", np.maximum, max
 
 
 _COMPARE_FNS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
@@ -442,17 +426,15 @@ class Compare(BinOp):
         super().__init__(a, b, op)
         self.op = op
 
-    @cached_property
-    def _range(self):
-        return (0, 1)  # a decided comparison would have been folded to a constant
+    _range = (0, 1)  # a plain value: a decided comparison would have been folded to a constant
 
     def _rebuild(self, children):
-        return compare(self.op, *children)
+        return _compare(self.op, *children)
 
     def __invert__(self):
         negated = {"<": ("<=", True), "<=": ("<", True), "==": ("!=", False), "!=": ("==", False)}
         op, swap = negated[self.op]
-        return compare(op, self.b, self.a) if swap else compare(op, self.a, self.b)
+        return _compare(op, self.b, self.a) if swap else _compare(op, self.a, self.b)
 
     def evaluate(self, env):
         return _to_int(_COMPARE_FNS[self.op](self.a.evaluate(env), self.b.evaluate(env)))
@@ -475,13 +457,10 @@ class And(BinOp):
     """Logical and: 1 when both operands are nonzero, else 0."""
 
     prec, symbol, c_op, np_fn = AND, "&", "&&", operator.and_
-
-    @cached_property
-    def _range(self):
-        return (0, 1)
+    _range = (0, 1)
 
     def _rebuild(self, children):
-        return logic(type(self), *children)
+        return _logic(type(self), *children)
 
     def evaluate(self, env):
         return _to_int(self.np_fn(self.a.evaluate(env) != 0, self.b.evaluate(env) != 0))
@@ -571,21 +550,15 @@ def _merge(terms: dict, other: dict, scale: int = 1) -> None:
 def _recombine(terms: dict) -> int:
     """Rewrite (x // n) * (c*n) + (x % n) * c into x * c, in place; returns the constant
     this adds. Reshapes produce exactly this pattern when they split and re-merge an index."""
-    extra_const = 0
-    changed = True
-    while changed:
-        changed = False
-        for term, coeff in list(terms.items()):
-            if type(term) is Mod and term.b.is_const:
-                quotient = floordiv(term.a, term.b)
-                if terms.get(quotient) == coeff * term.b.value:
-                    del terms[term], terms[quotient]
-                    x_terms, x_const = _linear(term.a)
-                    _merge(terms, x_terms, coeff)
-                    extra_const += x_const * coeff
-                    changed = True
-                    break
-    return extra_const
+    for term, coeff in list(terms.items()):
+        if type(term) is Mod and term.b.is_const:
+            quotient = _floordiv(term.a, term.b)
+            if terms.get(quotient) == coeff * term.b.value:
+                del terms[term], terms[quotient]
+                x_terms, x_const = _linear(term.a)
+                _merge(terms, x_terms, coeff)
+                return x_const * coeff + _recombine(terms)  # the merged terms may recombine further
+    return 0
 
 
 def _term_order(term_and_coeff) -> tuple:
@@ -606,10 +579,6 @@ def _make_sum(terms: dict, const: int) -> Expr:
     return Sum(tuple(sorted(terms.items(), key=_term_order)), const)
 
 
-def add(a, b) -> Expr:
-    return _add(sym(a), sym(b))
-
-
 @_memoized
 def _add(a: Expr, b: Expr) -> Expr:
     if a.is_const and b.is_const:
@@ -624,10 +593,6 @@ def _coefficient(e: Expr) -> tuple[int, Expr]:
     if type(e) is Sum and len(e.terms) == 1 and e.const == 0:
         return e.terms[0][1], e.terms[0][0]
     return 1, e
-
-
-def mul(a, b) -> Expr:
-    return _mul(sym(a), sym(b))
 
 
 @_memoized
@@ -675,15 +640,8 @@ def _exact_quotient(a: Expr, b: Expr) -> Expr | None:
             rest.remove(f)
         if coeff % b_coeff:
             return None
-        term_q = _const(coeff // b_coeff)
-        for f in rest:
-            term_q = mul(term_q, f)
-        quotient = add(quotient, term_q)
+        quotient = quotient + math.prod(rest, start=_const(coeff // b_coeff))
     return quotient
-
-
-def floordiv(a, b) -> Expr:
-    return _floordiv(sym(a), sym(b))
 
 
 @_memoized
@@ -693,35 +651,29 @@ def _floordiv(a: Expr, b: Expr) -> Expr:
     low, high = _floordiv_range(a._range, b._range)
     if low == high:  # the range pins the quotient (covers constants and x < n)
         return _const(low)
-    if b == 1:
-        return a
-    if b == -1:
-        return -a
+    if b in (1, -1):
+        return a * b
     if not (b.is_const and b.value > 0):
         exact = _exact_quotient(a, b)
         return FloorDiv(a, b) if exact is None else exact
     n = b.value
     if isinstance(a, FloorDiv) and a.b.is_const and a.b.value > 0:  # (x // m) // n
-        return floordiv(a.a, a.b.value * n)
+        return a.a // (a.b.value * n)
     if isinstance(a, Sum):
         g = _common_factor(a, n)
         if g > 1:  # (g*y) // (g*m) == y // m
-            return floordiv(_scaled_down(a, g), n // g)
+            return _scaled_down(a, g) // (n // g)
         # Terms that are multiples of n leave the division exactly: (x*n + y) // n = x + y // n.
         whole = {t: c // n for t, c in a.terms if c % n == 0}
         rest = {t: c for t, c in a.terms if c % n != 0}
         quotient, remainder = divmod(a.const, n)
         if whole or quotient:
-            return add(_make_sum(whole, quotient), floordiv(_make_sum(rest, remainder), n))
+            return _make_sum(whole, quotient) + _make_sum(rest, remainder) // n
         split = _small_remainder(a, n)
         if split is not None:  # (g*X + R) // (g*k) == X // k
             g, x, _ = split
-            return floordiv(x, n // g)
+            return x // (n // g)
     return FloorDiv(a, b)
-
-
-def mod(a, b) -> Expr:
-    return _mod(sym(a), sym(b))
 
 
 @_memoized
@@ -730,25 +682,25 @@ def _mod(a: Expr, b: Expr) -> Expr:
         raise ZeroDivisionError(f"symbolic modulo by zero: {a} % 0")
     low, high = _floordiv_range(a._range, b._range)
     if low == high:  # x % d == x - (x // d) * d, and the quotient is known
-        return add(a, mul(b, -low))
+        return a + b * -low
     if b in (1, -1):
         return _const(0)
     if not (b.is_const and b.value > 0):
         return Mod(a, b) if _exact_quotient(a, b) is None else _const(0)
     n = b.value
     if isinstance(a, Mod) and a.b.is_const and a.b.value > 0 and a.b.value % n == 0:  # (x % kn) % n
-        return mod(a.a, n)
+        return a.a % n
     if isinstance(a, Sum):
         g = _common_factor(a, n)
         if g > 1:  # (g*y) % (g*m) == g * (y % m)
-            return mul(mod(_scaled_down(a, g), n // g), g)
+            return (_scaled_down(a, g) % (n // g)) * g
         kept = {t: c for t, c in a.terms if c % n != 0}  # multiples of n vanish modulo n
         if len(kept) < len(a.terms) or not 0 <= a.const < n:
-            return mod(_make_sum(kept, a.const % n), n)
+            return _make_sum(kept, a.const % n) % n
         split = _small_remainder(a, n)
         if split is not None:  # (g*X + R) % (g*k) == g * (X % k) + R
             g, x, r = split
-            return add(mul(mod(x, n // g), g), r)
+            return (x % (n // g)) * g + r
     return Mod(a, b)
 
 
@@ -773,10 +725,6 @@ def _canonical_pair(a: Expr, b: Expr) -> list[Expr]:
     return sorted((a, b), key=lambda e: (e.is_const, e._order))
 
 
-def minmax(cls: type, a, b) -> Expr:
-    return _minmax(cls, sym(a), sym(b))
-
-
 @_memoized
 def _minmax(cls: type, a: Expr, b: Expr) -> Expr:
     if a == b:
@@ -789,21 +737,17 @@ def _minmax(cls: type, a: Expr, b: Expr) -> Expr:
 
 
 def smin(a, b) -> Expr:
-    return minmax(Min, a, b)
+    return _minmax(Min, sym(a), sym(b))
 
 
 def smax(a, b) -> Expr:
-    return minmax(Max, a, b)
-
-
-def compare(op: str, a, b) -> Expr:
-    return _compare(op, sym(a), sym(b))
+    return _minmax(Max, sym(a), sym(b))
 
 
 @_memoized
 def _compare(op: str, a: Expr, b: Expr) -> Expr:
     # Bound the difference rather than each side: common terms cancel, e.g. i < i + 1.
-    lo, hi = add(a, mul(b, -1))._range
+    lo, hi = (a - b)._range
     always, never = {
         "<": (hi < 0, lo >= 0),
         "<=": (hi <= 0, lo > 0),
@@ -825,11 +769,7 @@ def _truth(e: Expr) -> int | None:
 
 def _as_bool(e: Expr) -> Expr:
     lo, hi = e._range
-    return e if lo >= 0 and hi <= 1 else compare("!=", e, 0)
-
-
-def logic(cls: type, a, b) -> Expr:
-    return _logic(cls, sym(a), sym(b))
+    return e if lo >= 0 and hi <= 1 else e.ne(0)
 
 
 @_memoized

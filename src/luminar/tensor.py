@@ -11,10 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import dtypes
 from .errors import LuminarError, ShapeError, UnsupportedError
 from .graph import Graph, Node, parse_dim, show_shape
-from .shape import ShapeTracker
+from .shape import ShapeTracker, numel as shape_numel
 from .symbolic import Expr, smax, smin, sym
 
 Scalar = int | float
@@ -24,10 +23,15 @@ def _public(d: Expr):
     return d.value if d.is_const else d
 
 
+def is_int(v) -> bool:
+    """An int or numpy integer, but not a bool: what sizes, dims and indices accept."""
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
 def normalize_dim(dim: int, ndim: int, what: str = "dim") -> int:
     """A possibly negative dim index as 0..ndim-1 (PyTorch rules: rank 0 accepts 0 and -1)."""
     n = max(ndim, 1)
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+    if not is_int(dim):
         raise ShapeError(f"{what} must be an int, got {dim!r}")
     if not -n <= dim < n:
         raise ShapeError(f"{what} {dim} is out of range for a tensor of rank {ndim} (expected {-n}..{n - 1})")
@@ -240,29 +244,25 @@ class GraphTensor:
     def reshape(self, *shape) -> GraphTensor:
         """PyTorch reshape (one -1 allowed); a view when strides allow, else a Contiguous copy first."""
         shape = list(_sizes(shape))
-        if sum(1 for s in shape if isinstance(s, int) and s == -1) > 1:
+        holes = [k for k, s in enumerate(shape) if isinstance(s, int) and s == -1]
+        if len(holes) > 1:
             raise ShapeError(f"reshape: only one dimension can be -1, got {tuple(shape)}")
-        known = [parse_dim(s) for s in shape if not (isinstance(s, int) and s == -1)]
-        known_numel = sym(1)
-        for d in known:
-            known_numel = known_numel * d
+        dims = [sym(1) if k in holes else parse_dim(s) for k, s in enumerate(shape)]
+        known_numel = shape_numel(dims)  # (the hole counts as 1)
         numel = self.tracker.numel
-        if len(known) < len(shape):
+        if holes:
             if known_numel == sym(0):
                 raise ShapeError(f"reshape: cannot infer -1 for shape {tuple(shape)} with zero elements")
-            inferred = numel // known_numel
-            if inferred * known_numel != numel:
+            dims[holes[0]] = numel // known_numel
+            if dims[holes[0]] * known_numel != numel:
                 raise ShapeError(f"reshape: shape {show_shape(self.dims)} ({numel} elements) cannot be viewed as "
                                  f"{tuple(shape)}")
-            shape = [inferred if (isinstance(s, int) and s == -1) else parse_dim(s) for s in shape]
-        else:
-            shape = known
-            if known_numel != numel:
-                raise ShapeError(f"reshape: shape {show_shape(self.dims)} ({numel} elements) cannot become "
-                                 f"{show_shape(shape)} ({known_numel} elements)")
-        tracker = self.tracker.reshape(shape)
+        elif known_numel != numel:
+            raise ShapeError(f"reshape: shape {show_shape(self.dims)} ({numel} elements) cannot become "
+                             f"{show_shape(dims)} ({known_numel} elements)")
+        tracker = self.tracker.reshape(dims)
         if tracker is None:
-            return self.contiguous().reshape(*shape)
+            return self.contiguous().reshape(*dims)
         return self._view(tracker)
 
     view = reshape
@@ -373,10 +373,9 @@ class GraphTensor:
                 continue
             n = tracker.shape[dim]
             if isinstance(item, slice):
-                start, stop, step = _slice_bounds(item, n)
-                tracker = tracker.slice(dim, start, stop, step)
+                tracker = tracker.slice(dim, *_slice_bounds(item, n))
                 out_shape.append(tracker.shape[dim])
-            elif isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            elif is_int(item):
                 if n.is_const and not -n.value <= item < n.value:
                     raise ShapeError(f"index {item} is out of bounds for dim {dim} with size {n}")
                 i = item if item >= 0 else n + item
@@ -454,10 +453,7 @@ def _merge_adjacent(t: GraphTensor, axes: list[int]) -> tuple[GraphTensor, list[
     out = []
     for first, last in runs:  # highest run first, so merging never shifts a run still to come
         if last > first:
-            size = sym(1)
-            for d in t.dims[first:last + 1]:
-                size = size * d
-            merged = t.tracker.reshape(t.dims[:first] + (size,) + t.dims[last + 1:])
+            merged = t.tracker.reshape(t.dims[:first] + (shape_numel(t.dims[first:last + 1]),) + t.dims[last + 1:])
             if merged is not None:
                 t = t._view(merged)
                 out.append(first)

@@ -24,11 +24,12 @@ weight dequantizes inside the matmul) and elementwise consumers fuse after them.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from ..graph import DATA_OPS, Graph, Node
 from ..ops import PRIMITIVES
-from ..shape import ShapeTracker, index_vars, row_major_strides
+from ..shape import ShapeTracker, flat_index, index_vars, numel, row_major_strides
 from ..symbolic import Expr, Var, sym
 
 
@@ -167,13 +168,9 @@ def substitute(e, mapping: dict):
 
 def apply(op: str, *args):
     """Apply(op, args) with the identities that keep generated code lean (x + 0, x * 1)."""
-    if len(args) == 2:
-        a, b = args
-        identity = {"add": Const(0.0), "mul": Const(1.0)}.get(op)
-        if identity is not None and b == identity:
-            return a
-        if identity is not None and a == identity:
-            return b
+    identity = {"add": Const(0.0), "mul": Const(1.0)}.get(op)  # (both binary)
+    if identity is not None and identity in args:
+        return args[0] if args[1] == identity else args[1]
     return Apply(op, tuple(args))
 
 
@@ -191,10 +188,8 @@ def unroll_short_reduction(e: Reduce):
     if e.extent.value == 0:
         return Const(PRIMITIVES[e.op].identity)
     parts = [substitute(e.body, {e.var.name: k}) for k in range(e.extent.value)]
-    out = parts[0]
-    for p in parts[1:]:
-        out = Apply(e.op, (out, p))  # a reduce primitive's C spelling is its combine
-    return out
+    # a reduce primitive's C spelling is its combine
+    return functools.reduce(lambda out, part: Apply(e.op, (out, part)), parts)
 
 
 def _ir_exprs(e):
@@ -376,7 +371,7 @@ class Lowering:
         row_srcs: dict[int, set] = {}  # node id -> the row values it inlines (empty: it holds none)
         for n in self.graph.nodes:
             holds_reduce[n.id] = bool(n.primitive and n.primitive.kind == "reduce")
-            transcendental[n.id] = False
+            transcendental[n.id] = n.op in TRANSCENDENTAL
             cost[n.id], row_srcs[n.id] = n.op not in DATA_OPS, set()
             reads[n.id] = n.op == "input" or any(src.id in self.realized or reads[src.id] for src, _ in n.srcs)
             for src, tracker in n.srcs:
@@ -389,7 +384,6 @@ class Lowering:
                 cost[n.id] += cost[src.id]
                 transcendental[n.id] |= transcendental[src.id]
                 row_srcs[n.id] |= row_srcs[src.id]
-            transcendental[n.id] |= n.op in TRANSCENDENTAL
             n_uses = self.uses.get(n.id, ())
             if n.op == "constant" or n.id in self.realized or n.id in inline:
                 continue
@@ -416,8 +410,7 @@ class Lowering:
     def run(self) -> KernelProgram:
         g = self.graph
         inputs = {name: self.new_buffer(numel(n.shape), n.dtype, "input", name) for name, n in g.inputs.items()}
-        for name, n in g.inputs.items():
-            self.buffer_of[n.id] = inputs[name]
+        self.buffer_of.update({n.id: inputs[name] for name, n in g.inputs.items()})
         outputs, shapes = {}, {}
         direct = {}  # node id -> output name whose buffer is the node's own
         for name, (node, tracker) in g.outputs.items():
@@ -546,17 +539,6 @@ def _source_index(tracker: ShapeTracker, shape, idx) -> list | None:
         c, step = owner.get(k, (None, 1))
         multi.append(start if c is None else start + idx[c] * step)
     return multi if offset == sym(0) else None
-
-
-def numel(shape) -> Expr:
-    n = sym(1)
-    for d in shape:
-        n = n * d
-    return n
-
-
-def flat_index(idx, shape) -> Expr:
-    return sum((i * s for i, s in zip(idx, row_major_strides(shape))), sym(0))
 
 
 def lower(graph: Graph, inline: frozenset = frozenset()) -> KernelProgram:

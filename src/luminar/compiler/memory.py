@@ -4,9 +4,11 @@ lifetimes do not overlap (liveness from the kernel order).
 Sizes are symbolic, so a plan is made for concrete dims (backends cache one per dims tuple).
 Greedy best-fit by decreasing size; every offset is aligned for vector loads.
 """
+from collections import Counter
 from dataclasses import dataclass
+from itertools import accumulate
 
-from .kernels import KernelProgram, loads, walk
+from .kernels import KernelProgram, loads
 
 ALIGN = 64  # bytes: one cache line, a full AVX-512 vector
 
@@ -56,16 +58,12 @@ def plan_memory(program: KernelProgram, env: dict[str, int], itemsize: int = 4, 
 
 def _most_alive(size: dict, life: dict) -> int:
     """The most bytes alive during any one kernel: a sweep over lifetime starts and ends."""
-    change: dict[int, int] = {}
+    change: Counter = Counter()  # kernel index -> bytes that come alive (+) or die (-) there
     for b, n in size.items():
         start, end = life[b]
-        change[start] = change.get(start, 0) + n
-        change[end + 1] = change.get(end + 1, 0) - n
-    alive = most = 0
-    for k in sorted(change):
-        alive += change[k]
-        most = max(most, alive)
-    return most
+        change[start] += n
+        change[end + 1] -= n
+    return max(accumulate(change[k] for k in sorted(change)), default=0)
 
 
 def _aligned(n: int) -> int:

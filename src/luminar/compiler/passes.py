@@ -40,12 +40,6 @@ def is_plain(tracker: ShapeTracker, shape) -> bool:
     return tracker.shape == tuple(shape) and tracker.is_contiguous()
 
 
-def broadcast_scalar(shape) -> ShapeTracker:
-    """The view of a one-element buffer repeated over `shape`."""
-    shape = tuple(shape)
-    return ShapeTracker(shape, (ZERO,) * len(shape), ZERO, ONE)
-
-
 def compose(inner: Alias, outer: ShapeTracker, shape) -> Edge | None:
     """Reading `inner` (a value of `shape`) through `outer`, as one edge; None if not expressible.
 
@@ -91,13 +85,11 @@ class _Builder:
                 return composed
         return self.copy_of[id(old)], tracker
 
-    def add(self, node: Node) -> Node:
-        return self.graph.add(node)
-
     def scalar(self, value: float, shape) -> Edge:
         """A new float constant `value` seen over `shape` (it may be inf or nan: folded, not user input)."""
-        node = self.add(Node("constant", (), (), value=float(value)))
-        return node, broadcast_scalar(shape)
+        shape = tuple(shape)
+        node = self.graph.add(Node("constant", (), (), value=float(value)))
+        return node, ShapeTracker(shape, (ZERO,) * len(shape), ZERO, ONE)  # the one element, repeated
 
 
 def _rewrite(graph: Graph, rule: Rule | None) -> Graph:
@@ -105,7 +97,7 @@ def _rewrite(graph: Graph, rule: Rule | None) -> Graph:
     b = _Builder()
     for old in graph.nodes:
         srcs = tuple(b.edge(src, tracker) for src, tracker in old.srcs)
-        new = b.add(Node(old.op, srcs, old.shape, old.axis, old.name, old.dtype, old.value))
+        new = b.graph.add(Node(old.op, srcs, old.shape, old.axis, old.name, old.dtype, old.value))
         b.copy_of[id(old)] = new
         if old.op == "input":
             b.graph.inputs[old.name] = new
@@ -181,9 +173,7 @@ def _fold_rule(b: _Builder, node: Node) -> Alias | None:
         return None
     if node.op == "contiguous":
         return b.scalar(scalars[0], node.shape)
-    prim = node.primitive
-    if prim is None:
-        return None
+    prim = node.primitive  # (every node with sources but Contiguous is a primitive)
     if prim.kind != "reduce":
         value = prim.reference(*(np.float32(c) for c in scalars))
         return b.scalar(float(value), node.shape)
@@ -239,7 +229,7 @@ def _reassociate(b: _Builder, node: Node, edge: Edge, c2: float) -> Alias | None
         x = compose(inner.srcs[other], tracker, inner.shape) if c1 is not None else None
         if x is not None and scalar_of(x) is None:
             c = float(node.primitive.reference(np.float32(c1), np.float32(c2)))
-            merged = b.add(Node(node.op, (x, b.scalar(c, node.shape)), node.shape))
+            merged = b.graph.add(Node(node.op, (x, b.scalar(c, node.shape)), node.shape))
             return _simplify_rule(b, merged) or (merged, None)
     return None
 

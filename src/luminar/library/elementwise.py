@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..errors import UnsupportedError, ValueDomainError
-from ..tensor import GraphTensor, broadcast_shapes
+from ..tensor import GraphTensor, broadcast_shapes, is_int
 
 
 def _number(value) -> float | None:
@@ -180,13 +180,12 @@ def _integer_power(input, n: int):
     if n == 0:
         return input.graph.constant(1.0, input.dims)  # x ** 0 is 1 everywhere, NaN included
     result, square_k, k = None, input, abs(n)
-    while True:
+    while k:
         if k & 1:
             result = square_k if result is None else result * square_k
         k >>= 1
-        if not k:
-            break
-        square_k = square_k * square_k
+        if k:  # a higher bit is left
+            square_k = square_k * square_k
     return result.reciprocal() if n < 0 else result
 
 
@@ -323,8 +322,7 @@ def _erfc_everywhere(input):
 def erfc(input):
     """torch.erfc: relative accuracy in the tail too (erfc(5) = 1.5e-12 is not 1 - erf(5))."""
     use, series = _erf_near_zero(input)
-    tail = _erfc_nonnegative(absolute(input))
-    return _select(use, 1.0 - series, tail + input.lt(0.0) * (2.0 - 2.0 * tail))  # erfc(-a) = 2 - erfc(a)
+    return _select(use, 1.0 - series, _erfc_everywhere(input))
 
 
 # -- activations -----------------------------------------------------------------------------------
@@ -434,7 +432,7 @@ def round_half_even(input, decimals=0):
 
     Decided from the exact fraction fmod(x, 1), so no x + 0.5 rounding can mislead it.
     """
-    if not isinstance(decimals, (int, np.integer)) or isinstance(decimals, bool):
+    if not is_int(decimals):
         raise ValueDomainError(f"round: decimals must be an int, got {decimals!r}")
     if decimals > 0:
         return round_half_even(input * 10.0 ** decimals) / 10.0 ** decimals

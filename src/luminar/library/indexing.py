@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
 
@@ -32,16 +33,12 @@ from ..errors import ShapeError, UnsupportedError, ValueDomainError
 from ..graph import Graph, parse_dim, show_shape
 from ..shape import index_var
 from ..symbolic import Expr, smax, sym
-from ..tensor import GraphTensor, _sizes, normalize_dim
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+from ..tensor import GraphTensor, _sizes, is_int, normalize_dim
 
 
 def _as_dim(v):
     """An int, dim name or Expr as an Expr; other values (floats) pass through unchanged."""
-    return parse_dim(v) if isinstance(v, str) else sym(int(v)) if _is_int(v) else v
+    return parse_dim(v) if isinstance(v, str) else sym(int(v)) if is_int(v) else v
 
 
 def _known(d: Expr, op: str, what: str) -> int:
@@ -59,11 +56,6 @@ def _move_dim(t: GraphTensor, src: int, dst: int) -> GraphTensor:
     return t.permute(*order)
 
 
-def _pad_dim(t: GraphTensor, dim: int, before, after) -> GraphTensor:
-    """Zero padding along one dim by (possibly symbolic) amounts: a view, no data moves."""
-    return t._view(t.tracker.pad(dim, before, after))
-
-
 # -- creation (Graph methods) ------------------------------------------------------------------
 def arange(graph: Graph, start, end=None, step=1) -> GraphTensor:
     """torch.arange(start, end, step) as float32 values; `end` (or the 1-argument form) may be a
@@ -73,11 +65,11 @@ def arange(graph: Graph, start, end=None, step=1) -> GraphTensor:
         start, end = 0, start
     start, end = _as_dim(start), _as_dim(end)
     for name, v in (("start", start), ("end", end), ("step", step)):
-        if not isinstance(v, (Expr, float, np.floating)) and not _is_int(v):
+        if not isinstance(v, (Expr, float, np.floating)) and not is_int(v):
             raise ValueDomainError(f"arange: {name} must be a number or a dim, got {v!r}")
     if step == 0:
         raise ValueDomainError("arange: step must be non-zero, got 0")
-    if not (isinstance(start, Expr) and isinstance(end, Expr) and _is_int(step)):
+    if not (isinstance(start, Expr) and isinstance(end, Expr) and is_int(step)):
         return _float_arange(graph, start, end, step)
     span = end - start if step > 0 else start - end
     if span.is_const and span.value < 0:
@@ -139,7 +131,7 @@ def _below_diagonal(x: GraphTensor, op: str, offset: int) -> GraphTensor:
     """1.0 where column j < row i + offset over x's last two dims (shape (rows, cols))."""
     if x.ndim < 2:
         raise ShapeError(f"{op}: expected a tensor with at least 2 dims, got shape {show_shape(x.dims)}")
-    if not _is_int(offset):
+    if not is_int(offset):
         raise ValueDomainError(f"{op}: diagonal must be an int, got {offset!r}")
     rows = arange(x.graph, x.dims[-2]).unsqueeze(-1)
     return arange(x.graph, x.dims[-1]).lt(rows + offset)
@@ -179,9 +171,9 @@ def one_hot(tensor: GraphTensor, num_classes=-1) -> GraphTensor:
     all-zero row (PyTorch raises). num_classes=-1 (infer from the data) is unsupported: a graph
     cannot depend on its input values; pass the number of classes.
     """
-    if _is_int(num_classes) and num_classes == -1:
+    if is_int(num_classes) and num_classes == -1:
         raise UnsupportedError("one_hot: num_classes=-1 would depend on the index values; pass num_classes explicitly")
-    if _is_int(num_classes) and num_classes < 0:
+    if is_int(num_classes) and num_classes < 0:
         raise ShapeError(f"one_hot: num_classes must be >= 0, got {num_classes}")
     return tensor.unsqueeze(-1).eq(arange(tensor.graph, num_classes))
 
@@ -260,7 +252,7 @@ def repeat(x: GraphTensor, *sizes) -> GraphTensor:
 def repeat_interleave(x: GraphTensor, repeats, dim=None, *, output_size=None) -> GraphTensor:
     """torch.repeat_interleave with an int `repeats`: each element repeated in place along dim
     (the flattened tensor when dim is None). Tensor repeats would need the data: unsupported."""
-    if not _is_int(repeats) or repeats < 0:
+    if not is_int(repeats) or repeats < 0:
         raise UnsupportedError(f"repeat_interleave: repeats must be an int >= 0, got {repeats!r}")
     if dim is None:
         x, dim = x.reshape(-1), 0
@@ -275,11 +267,11 @@ def roll(x: GraphTensor, shifts, dims=None) -> GraphTensor:
     Each shift is the cat of two slices, so symbolic sizes work (the split point is shift mod n).
     """
     if dims is None:
-        if not _is_int(shifts):
+        if not is_int(shifts):
             raise ShapeError(f"roll: without dims, shifts must be one int, got {shifts!r}")
         return roll(x.reshape(-1), shifts, 0).reshape(*x.dims)
-    shifts = (shifts,) if _is_int(shifts) else tuple(shifts)
-    dims = (dims,) if _is_int(dims) else tuple(dims)
+    shifts = (shifts,) if is_int(shifts) else tuple(shifts)
+    dims = (dims,) if is_int(dims) else tuple(dims)
     if len(shifts) != len(dims):
         raise ShapeError(f"roll: shifts {shifts} and dims {dims} must have the same length")
     for shift, dim in zip(shifts, dims):
@@ -317,12 +309,10 @@ def cat(tensors: Sequence[GraphTensor], dim: int = 0) -> GraphTensor:
     if len(tensors) == 1:
         return first
     total = sum((t.dims[d] for t in tensors), sym(0))
-    out, offset = None, sym(0)
-    for t in tensors:
-        placed = _pad_dim(t, d, offset, total - offset - t.dims[d])
-        out = placed if out is None else out + placed
-        offset = offset + t.dims[d]
-    return out
+    starts = accumulate((t.dims[d] for t in tensors), initial=sym(0))
+    # zero padding by (possibly symbolic) amounts is a view: no data moves until the adds
+    placed = [t._view(t.tracker.pad(d, start, total - start - t.dims[d])) for t, start in zip(tensors, starts)]
+    return sum(placed[1:], placed[0])
 
 
 def stack(tensors: Sequence[GraphTensor], dim: int = 0) -> GraphTensor:
@@ -355,7 +345,7 @@ def split(x: GraphTensor, split_size_or_sections, dim: int = 0) -> tuple[GraphTe
     section sizes, which must add up to the dim (they may be symbolic, e.g. [2, "s" - 2])."""
     d = normalize_dim(dim, x.ndim)
     n = x.dims[d]
-    if _is_int(split_size_or_sections):
+    if is_int(split_size_or_sections):
         size = split_size_or_sections
         length = _known(n, "split", f"dim {d} when splitting by size (pass a list of sections)")
         if size < 0 or (size == 0 and length):
@@ -365,16 +355,13 @@ def split(x: GraphTensor, split_size_or_sections, dim: int = 0) -> tuple[GraphTe
         sections = [parse_dim(s) for s in split_size_or_sections]
         if sum(sections, sym(0)) != n:
             raise ShapeError(f"split: sections {tuple(map(str, sections))} must add up to {n}, the size of dim {d}")
-    views, start = [], sym(0)
-    for size in sections:
-        views.append(x.narrow(d, start, size))
-        start = start + size
-    return tuple(views)
+    starts = accumulate(sections, initial=sym(0))
+    return tuple(x.narrow(d, start, size) for start, size in zip(starts, sections))
 
 
 def chunk(x: GraphTensor, chunks: int, dim: int = 0) -> tuple[GraphTensor, ...]:
     """torch.chunk: split into `chunks` views of ceil(n / chunks) (fewer if n is small)."""
-    if not _is_int(chunks) or chunks < 1:
+    if not is_int(chunks) or chunks < 1:
         raise ShapeError(f"chunk: chunks must be an int >= 1, got {chunks!r}")
     d = normalize_dim(dim, x.ndim)
     n = _known(x.dims[d], "chunk", f"dim {d}")

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedError
 from ..graph import parse_dim, show_shape
 from ..shape import index_var
+from ..tensor import is_int
 
 # Where torch pads with -inf (max pooling): constants must be finite, so the most negative one
 # that float32 still represents well. A window always holds at least one real element (padding
@@ -29,16 +30,12 @@ _FLOAT32_EPS = float(np.finfo(np.float32).eps)
 
 
 # -- argument normalization ------------------------------------------------------------------------
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def _ints(op: str, name: str, value, n: int, minimum: int) -> tuple[int, ...]:
     """An int or a sequence of n (or 1) ints, as n ints >= minimum (torch's expand_param_if_needed)."""
-    values = (value,) * n if _is_int(value) else tuple(value) if isinstance(value, (tuple, list)) else None
+    values = (value,) * n if is_int(value) else tuple(value) if isinstance(value, (tuple, list)) else None
     if values is not None and len(values) == 1:
         values = values * n
-    if values is None or len(values) != n or not all(_is_int(v) for v in values):
+    if values is None or len(values) != n or not all(is_int(v) for v in values):
         raise ShapeError(f"{op}: {name} must be an int or {n} ints, got {value!r}")
     if any(v < minimum for v in values):
         raise ShapeError(f"{op}: {name} must be >= {minimum}, got {value!r}")
@@ -69,14 +66,13 @@ def _pad_spatial(x, pads, value: float = 0.0):
 
 def _windows(x, kernel, stride, dilation, op: str):
     """(..., *spatial) -> (..., *out, *kernel): sliding windows over the last len(kernel) dims, as views."""
-    n = len(kernel)
-    spatial = x.dims[x.ndim - n:]
+    first = x.ndim - len(kernel)
+    spatial = x.dims[first:]
     for size, k, d in zip(spatial, kernel, dilation):
         if size.is_const and size.value < d * (k - 1) + 1:
             raise ShapeError(f"{op}: padded input size {show_shape(spatial)} is smaller than the kernel "
                              f"{tuple(kernel)} (dilation {tuple(dilation)})")
-    first = x.ndim - n
-    for i in range(n):  # each unfold appends its window axis last, so the spatial positions stay put
+    for i in range(len(kernel)):  # each unfold appends its window axis last, so the spatial positions stay put
         x = x.unfold(first + i, kernel[i], stride[i], dilation[i])
     return x
 
@@ -84,7 +80,7 @@ def _windows(x, kernel, stride, dilation, op: str):
 # -- normalization ----------------------------------------------------------------------------------
 def _normalized(op: str, input, normalized_shape):
     """The trailing axes named by normalized_shape, checked against the input's shape."""
-    shape = (normalized_shape,) if _is_int(normalized_shape) or isinstance(normalized_shape, str) \
+    shape = (normalized_shape,) if is_int(normalized_shape) or isinstance(normalized_shape, str) \
         else tuple(normalized_shape)
     if not shape:
         raise ShapeError(f"{op}: normalized_shape must have at least one dimension, got {normalized_shape!r}")
@@ -152,7 +148,7 @@ def _conv(op: str, n: int, input, weight, bias, stride, padding, dilation, group
     if not hasattr(weight, "ndim") or weight.ndim != n + 2:
         raise ShapeError(f"{op}: weight must be {n + 2}-D (out_channels, in_channels/groups, *kernel), got "
                          f"{show_shape(weight.dims) if hasattr(weight, 'dims') else type(weight).__name__}")
-    if not _is_int(groups) or groups < 1:
+    if not is_int(groups) or groups < 1:
         raise ShapeError(f"{op}: groups must be a positive int, got {groups!r}")
     out_ch, in_per_group, *kernel = _const_dims(op, "weight shape", weight.dims)
     stride, dilation = _ints(op, "stride", stride, n, 1), _ints(op, "dilation", dilation, n, 1)
@@ -227,10 +223,9 @@ def _max_pool(op: str, n: int, input, kernel_size, stride, padding, dilation, ce
     if return_indices:
         raise UnsupportedError(f"{op}: return_indices=True is not supported")
     kernel, stride, dilation, pads = _pool_geometry(op, n, input, kernel_size, stride, padding, dilation, ceil_mode)
-    tiles = _tiles(input, kernel, stride, dilation, pads)
-    if tiles is not None:
-        return tiles.amax(tuple(range(-n, 0)))
-    windows = _windows(_pad_spatial(input, pads, _NEG_BIG), kernel, stride, dilation, op)
+    windows = _tiles(input, kernel, stride, dilation, pads)
+    if windows is None:
+        windows = _windows(_pad_spatial(input, pads, _NEG_BIG), kernel, stride, dilation, op)
     return windows.amax(tuple(range(-n, 0)))
 
 
@@ -254,7 +249,7 @@ def _avg_pool(op: str, n: int, input, kernel_size, stride, padding, ceil_mode, c
     axes = tuple(range(-n, 0))
     total = _windows(_pad_spatial(input, pads), kernel, stride, dilation, op).sum(axes)
     if divisor_override is not None:
-        if not _is_int(divisor_override) or divisor_override < 1:
+        if not is_int(divisor_override) or divisor_override < 1:
             raise ShapeError(f"{op}: divisor_override must be a positive int, got {divisor_override!r}")
         return total * (1.0 / divisor_override)
     extra = [after - before for before, after in pads]
@@ -307,11 +302,11 @@ def _adaptive_matrix(graph, size, out: int):
 def _adaptive_avg_pool(op: str, n: int, input, output_size):
     """Average over adaptive windows, one spatial dim at a time, as a matmul with an averaging matrix."""
     _check_input_rank(op, input, n)
-    sizes = (output_size,) * n if _is_int(output_size) or output_size is None else tuple(output_size)
+    sizes = (output_size,) * n if is_int(output_size) or output_size is None else tuple(output_size)
     if len(sizes) == 1:
         sizes *= n
     spatial = input.dims[input.ndim - n:]
-    if len(sizes) != n or not all(s is None or (_is_int(s) and s >= 1) for s in sizes):
+    if len(sizes) != n or not all(s is None or (is_int(s) and s >= 1) for s in sizes):
         raise ShapeError(f"{op}: output_size must be a positive int or {n} of them (None keeps a size), "
                          f"got {output_size!r}")
     x = input

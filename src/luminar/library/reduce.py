@@ -41,16 +41,10 @@ class MinResult(NamedTuple):
 # -- helpers ---------------------------------------------------------------------------------
 def _axes(x: GraphTensor, dim, op: str) -> tuple[int, ...]:
     """`dim` (an int, a sequence, or None / () for all dims) as sorted axes; () for a 0-d tensor."""
-    if dim is None or (isinstance(dim, (tuple, list)) and not dim):
-        dims = list(range(x.ndim))
-    elif isinstance(dim, (tuple, list)):
-        dims = list(dim)
-    else:
-        dims = [dim]
-    try:
-        axes = [normalize_dim(d, x.ndim) for d in dims]
-    except ShapeError as e:
-        raise ShapeError(f"{op}: {e}") from None
+    dims = list(dim) if isinstance(dim, (tuple, list)) else [dim]
+    if dim is None or not dims:
+        dims = range(x.ndim)
+    axes = [normalize_dim(d, x.ndim, f"{op}: dim") for d in dims]  # errors read "mean: dim 3 is out of range..."
     if len(set(axes)) != len(axes):
         raise ShapeError(f"{op}: a dim appears more than once in {dim!r}")
     return () if x.ndim == 0 else tuple(sorted(axes))
@@ -62,10 +56,7 @@ def _axis(x: GraphTensor, dim, op: str) -> int:
         raise ShapeError(f"{op}: dim is required (PyTorch deprecated the implicit choice), e.g. {op}(dim=-1)")
     if isinstance(dim, (tuple, list)):
         raise ShapeError(f"{op}: dim must be a single int, got {dim!r}")
-    try:
-        return normalize_dim(dim, x.ndim)
-    except ShapeError as e:
-        raise ShapeError(f"{op}: {e}") from None
+    return normalize_dim(dim, x.ndim, f"{op}: dim")
 
 
 def _count(x: GraphTensor, axes) -> Expr:
@@ -75,9 +66,8 @@ def _count(x: GraphTensor, axes) -> Expr:
 
 def _number(x: GraphTensor, n) -> GraphTensor:
     """A 0-d constant holding the integer `n`, a Python number or a symbolic expression."""
-    n = sym(n) if isinstance(n, int) else n
     if isinstance(n, Expr):
-        return x.graph.constant(float(n.value)) if n.is_const else x.graph.constant(n)
+        return x.graph.constant(float(n.value) if n.is_const else n)
     return x.graph.constant(float(n))
 
 
