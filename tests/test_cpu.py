@@ -301,6 +301,23 @@ def test_row_max_propagates_nan_and_keeps_infinities(where, special):
         reference = build(torch.from_numpy(x))
         np.testing.assert_allclose(program(x=x)["y"], reference.numpy(), rtol=1e-5, atol=1e-7)
 
+
+def test_a_convolution_packs_its_window_rows_once_looping_over_their_digits():
+    """conv2d lowers to one reduction whose row operand is a padded window of the input (a
+    validity test, and index math dividing the row by the width and the step by the kernel
+    size). With more output channels than one column block it is computed once into a buffer
+    before the tiles, looping over the window's digits (row = h*W + w, step = c*9 + kh*3 + kw),
+    so no element costs a division. The result matches torch."""
+    g = lm.Graph()
+    lm.conv2d(g.tensor("x", (2, 8, 12, 12)), g.tensor("w", (64, 8, 3, 3)), padding=1).output("y")
+    program = g.compile("cpu")
+    assert "rows packed" in program.explain()
+    pack = program.source[program.source.index("*restrict rowbuf = "):program.source.index("#pragma omp parallel if")]
+    assert not any(op in pack for op in (" / ", " % ", "lm_floordiv", "lm_mod")), pack
+    x, w = rand(2, 8, 12, 12, seed=1), rand(64, 8, 3, 3, seed=2)
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
+    np.testing.assert_allclose(program(x=x, w=w)["y"], want, rtol=1e-4, atol=1e-4)
+
 # -- integer and vector rendering of quantized weights ---------------------------------------------
 
 def _unpack_exprs(g, q):

@@ -538,9 +538,8 @@ def default_schedule(kernel: Kernel) -> Schedule:
     # few columns, threads take (column block, row block) pairs and each packs its own ("JIp").
     order = "Jpi" if batched or not cols.is_const or cols.value >= 8 * tj else "JIp"
     vector = tj % 16 == 0 and vector_body(plan) is not None
-    # rows that cost more than a load (an input normalized on the fly) are computed once, not per column block
-    pack_rows = plan.i is not None and any(not isinstance(e, Load) for e in plan.rows) and \
-        not (cols.is_const and cols.value <= tj)
+    # rows that cost more than a load are computed once, not per column block
+    pack_rows = costly_rows(plan) and not (cols.is_const and cols.value <= tj)
     return Schedule("tiled", ti=ti, tj=tj, mc=ROW_CHUNK, order=order, vector=vector,
                     min_rows=0 if strided or rows.is_const else 4, pack_rows=pack_rows)
 
@@ -703,6 +702,14 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
     return TilePlan(red, i, j, rows, panels)
 
 
+def costly_rows(plan: TilePlan) -> bool:
+    """Whether the row operands cost more than a plain load per step: computed (an input
+    normalized on the fly) or gathered through a window (a convolution's padded, strided input:
+    a validity test and a div/mod index)."""
+    return plan.i is not None and any(not isinstance(e, Load) or e.valid != sym(1) or
+                                      _stride(e.index, plan.reduce.var) is None for e in plan.rows)
+
+
 def _inside_unnamed(e, target, named) -> bool:
     """Whether `target` occurs in `e` outside the subtrees in `named`."""
     if e in named:
@@ -803,19 +810,31 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Sche
 
 
 def _pack_rows(program, kernel, plan, batch, i, rows_n, r, K) -> tuple[list[str], dict]:
-    """Before the tiles: every row operand at every (batch, row, reduction step), in parallel."""
+    """Before the tiles: every row operand at every (batch, row, reduction step), in parallel. A
+    row or reduction index divided by constants (a convolution's window: row // 56, r % 3) loops
+    over its digits instead (kernels.digits), so the window's index math is affine, not a division
+    per element."""
+    from ..compiler.kernels import _ir_exprs, digits  # (the window digits of a packed row operand)
     nrows, where = len(plan.rows), flat_index([v for v, _ in batch] + [i], [x for _, x in batch] + [rows_n])
     total = numel([x for _, x in batch] + [rows_n])
     at = lambda q: f"rowbuf[(({where.render_c()}) * {nrows} + {q}) * {K} + {r}]"  # noqa: E731
+    exprs = [x for node in plan.rows for x in _ir_exprs(node)]
+    loops, named = [], {}
+    for var, extent in ((i, rows_n), (plan.reduce.var, plan.reduce.extent)):
+        split = digits(var.name, extent.value, exprs) if extent.is_const else None
+        parts = split[0][::-1] if split else [var]  # outermost digit first
+        loops.append([(d, sym(d.bounds()[1] + 1) if split else extent) for d in parts])
+        if split:
+            named[var.name] = split[1]
     out = [f"    float *restrict rowbuf = (float *)malloc(sizeof(float) * (size_t)({total.render_c()}) * {nrows} * {K});",
-           f"    #pragma omp parallel for collapse({len(batch) + 1}) schedule(static) "
+           f"    #pragma omp parallel for collapse({len(batch) + len(loops[0])}) schedule(static) "
            f"if((({total.render_c()}) * {K}) >= {PARALLEL_MIN_WORK})"]
-    out += [f"    for (long long {v.name} = 0; {v.name} < {x.render_c()}; {v.name}++)" for v, x in batch]
-    out += [f"    for (long long {i.name} = 0; {i.name} < {rows_n.render_c()}; {i.name}++)",
-            f"      for (long long {r} = 0; {r} < {K}; {r}++) {{"]
+    out += [f"    for (long long {v.name} = 0; {v.name} < {x.render_c()}; {v.name}++)" for v, x in batch + loops[0]]
+    out += [f"      for (long long {v.name} = 0; {v.name} < {x.render_c()}; {v.name}++)" for v, x in loops[1]]
+    out += ["      {"] + [f"        const long long {name} = {index.render_c()};" for name, index in named.items()]
     em = _Emitter(program, "        ")
     for q, node in enumerate(plan.rows):
-        em.lines.append(f"        {at(q)} = {em.emit(node)};")
+        em.lines.append(f"        {at(q)} = {em.emit(substitute(node, named))};")
     return out + em.lines + ["      }"], {node: at(q) for q, node in enumerate(plan.rows)}
 
 

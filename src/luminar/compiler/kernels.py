@@ -220,24 +220,31 @@ def _divisors_of(var: str, exprs) -> set[int]:
     return found
 
 
-def split_reduction(e):
-    """A reduction whose index math divides the reduced index by constants (blocks of a quantized
-    weight: r // 32, r % 16) as nested reductions over the block digits, so every index becomes
-    affine again (r = a*32 + b*16 + c) and the innermost loop vectorizes."""
-    if not (isinstance(e, Reduce) and e.extent.is_const):
-        return e
+def digits(name: str, extent: int, exprs) -> tuple[list, Expr] | None:
+    """A loop variable whose index math divides it by constants (r // 32, r % 16: blocks of a
+    quantized weight, a convolution's window digits) as nested variables, innermost first, and
+    itself as their sum (r = a*32 + b*16 + c), so every index becomes affine again; None when
+    nothing divides it."""
     chain = []
-    for c in sorted(_divisors_of(e.var.name, _ir_exprs(e.body))):
-        if e.extent.value % c == 0 and all(c % prev == 0 for prev in chain):
+    for c in sorted(_divisors_of(name, exprs)):
+        if extent % c == 0 and all(c % prev == 0 for prev in chain):
             chain.append(c)
     if not chain:
+        return None
+    sizes = [b // a for a, b in zip([1] + chain, chain + [extent])]  # innermost digit first
+    ds = [Var(f"{name}_{k}", 0, n - 1) for k, n in enumerate(sizes)]
+    return ds, sum((d * scale for d, scale in zip(ds, [1] + chain)), sym(0))
+
+
+def split_reduction(e):
+    """A reduction over the digits of its variable (see `digits`), innermost vectorizable."""
+    split = digits(e.var.name, e.extent.value, _ir_exprs(e.body)) if isinstance(e, Reduce) and e.extent.is_const \
+        else None
+    if split is None:
         return e
-    sizes = [b // a for a, b in zip([1] + chain, chain + [e.extent.value])]  # innermost digit first
-    digits = [Var(f"{e.var.name}_{k}", 0, n - 1) for k, n in enumerate(sizes)]
-    index = sum((d * scale for d, scale in zip(digits, [1] + chain)), sym(0))
-    body = substitute(e.body, {e.var.name: index})
-    for d, n in zip(digits, sizes):
-        body = unroll_short_reduction(Reduce(e.op, d, sym(n), body))
+    body = substitute(e.body, {e.var.name: split[1]})
+    for d in split[0]:
+        body = unroll_short_reduction(Reduce(e.op, d, sym(d.bounds()[1] + 1), body))
     return body
 
 
