@@ -106,8 +106,8 @@ def child_llama(layers: int) -> None:
     for choice in program.choices.values():
         sources[choice.source] = sources.get(choice.source, 0) + 1
     fusions = [f"{'fused' if f.chosen else 'kept unfused'} ({f.source}): unfused {f.unfused_s * 1e3:.3f} ms, fused "
-               f"{min((t for _, t in f.candidates if t is not None), default=float('nan')) * 1e3:.3f} ms"
-               for f in program.fusions]
+               f"{min((t for _, t, _ in f.candidates if t is not None), default=float('nan')) * 1e3:.3f} ms" if f.unfused_s else
+               f"kept unfused ({f.source}): forms {', '.join(f.forms)}, no fused form timed" for f in program.fusions]
     print(json.dumps({"compile_s": seconds, "kernels": len(program.kernels.kernels), "sources": sources,
                       "structures": len({id(c) for c in program.choices.values()}),
                       "attention": sorted(set(fusions))}))

@@ -862,7 +862,7 @@ class Fusion:
     online-softmax kernel) -- whichever measured fastest."""
     replaced: list  # names of the default kernels the fused one replaces
     kernel: str  # the fused kernel's name in the fused lowering
-    unfused_s: float  # the replaced kernels' median times, summed (the stored form)
+    unfused_s: float  # the replaced kernels' median times, summed (the stored form); 0: not timed
     candidates: list  # [description, median seconds or None, "timed" | "failed" | "pruned (...)"] of fused forms
     schedule: Schedule  # the fastest valid fused schedule
     chosen: bool  # whether it beat the stored form
@@ -939,11 +939,6 @@ def _time_fusion(program, replaced, fused, kernel, forms, opts, key) -> Fusion:
     plain loops compute the region's values once per output column: it is compiled only for a few
     columns (INLINE_COLUMNS), where the recomputation may cost less than storing the region."""
     from ..backends.cpu import default_loops
-    unfused = 0.0
-    for k in replaced:
-        bench = Bench(program, k, [default_schedule(k)], opts.dims, opts.seed)
-        bench.validate()
-        unfused += bench.time([0], 0.2)[0]
     schedules = [Schedule("online", ti=ti, tj=tj) for ti, tj in ONLINE_TILES] * ("online" in forms)
     pruned = []
     if "inlined" in forms:
@@ -951,10 +946,16 @@ def _time_fusion(program, replaced, fused, kernel, forms, opts, key) -> Fusion:
         if columns <= INLINE_COLUMNS:
             schedules.append(loops)
         else:
-            pruned.append([loops.describe(), None, f"pruned (recomputes the region for each of {columns} "
-                                                  f"columns: ~{unfused * columns * 1e3:.1f} ms)"])
-    if not schedules:
-        return Fusion([], kernel.name, unfused, pruned, default_schedule(kernel), False, forms)
+            pruned.append([loops.describe(), None, f"pruned (recomputes the region for each of {columns} columns)"])
+    if not schedules:  # nothing to compare with: the stored form stays, untimed
+        decision = Fusion([], kernel.name, 0.0, pruned, default_schedule(kernel), False, forms)
+        store_tuning(key, decision)
+        return decision
+    unfused = 0.0
+    for k in replaced:
+        bench = Bench(program, k, [default_schedule(k)], opts.dims, opts.seed)
+        bench.validate()
+        unfused += bench.time([0], 0.2)[0]
     bench = Bench(fused, kernel, schedules, opts.dims, opts.seed)
     valid = bench.validate(_unfused_output(program, replaced, fused, bench))
     times = bench.time([k for k, ok in enumerate(valid) if ok], 0.5)
@@ -1001,9 +1002,9 @@ def explain(program: KernelProgram, choices: dict[str, Choice], opts: SearchOpti
     lines = [f"{len(program.kernels)} kernels; {head}"]
     for f in fusions:
         verdict = f"fused into {f.kernel}" if f.chosen else "kept unfused"
+        unfused = f"unfused {f.unfused_s * 1e3:.3f} ms" if f.unfused_s else "unfused (not timed: no fused form to try)"
         lines.append(f"fusion: softmax region {' + '.join(f.replaced)} (forms: {', '.join(f.forms)}): {verdict} "
-                     f"[{f.source}]; unfused {f.unfused_s * 1e3:.3f} ms, arena {f.arena[0] / 1e6:.1f} MB -> fused "
-                     f"{f.arena[1] / 1e6:.1f} MB")
+                     f"[{f.source}]; {unfused}, arena {f.arena[0] / 1e6:.1f} MB -> fused {f.arena[1] / 1e6:.1f} MB")
         for desc, seconds, status in f.candidates:
             mark = " <- chosen" if f.chosen and desc == f.schedule.describe() else ""
             lines.append(f"    {f'{seconds * 1e3:9.3f} ms' if seconds is not None else f'{status:>9}'}  {desc}{mark}")
