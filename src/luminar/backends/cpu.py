@@ -1007,6 +1007,7 @@ def _reduce_work(e) -> Expr:
 
 
 SWITCH_MARGIN = 0.85  # a trial thread count must take at most this fraction of the current one's time
+BIG_LOSS = 1.5  # a trial this many times slower than the current count backs off 16x, not 2x
 
 
 class ThreadChooser:
@@ -1017,7 +1018,8 @@ class ThreadChooser:
     process holds the core. So every kind of call (one per memory plan) keeps a running time for
     the thread count it uses and now and then tries the other count (all threads or one); a
     trial that wins (by SWITCH_MARGIN: noise alone must not make the count flap) switches, one
-    that loses waits twice as long before the next.
+    that loses waits twice as long before the next (16 times as long when it lost by BIG_LOSS:
+    a one-thread trial of a 0.8 s prefill costs 0.8 s).
     """
     def __init__(self, most: int, set_threads):
         self.most, self._set = most, set_threads
@@ -1036,8 +1038,10 @@ class ThreadChooser:
         call()
         seconds = time.perf_counter() - started
         if threads == other:
-            better = seconds < SWITCH_MARGIN * s["time"].get(s["use"], float("inf"))
-            s["every"] = 2 if better else min(2 * s["every"], 1024)
+            current = s["time"].get(s["use"], float("inf"))
+            better = seconds < SWITCH_MARGIN * current
+            # a trial lost by far (all threads 2x faster at prefill) waits much longer for the next
+            s["every"] = 2 if better else min(s["every"] * (16 if seconds > BIG_LOSS * current else 2), 1024)
             s["next"] = s["every"]
             if better:
                 s["use"] = other
