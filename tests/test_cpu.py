@@ -318,6 +318,30 @@ def test_a_convolution_packs_its_window_rows_once_looping_over_their_digits():
     want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
     np.testing.assert_allclose(program(x=x, w=w)["y"], want, rtol=1e-4, atol=1e-4)
 
+
+def test_a_convolutions_weight_gradient_computes_its_input_windows_once():
+    """The weight gradient sums grad_out x input window over (batch, positions): its panel operand
+    is a window of the input (validity tests, index math dividing column and step by constants).
+    It is computed once, over its digits, before the tiles (each column block's pack copies it),
+    and both gradients match torch's. With search off, explain lists each kernel on its own."""
+    from luminar.autograd import grad
+    g = lm.Graph()
+    x, w = g.tensor("x", (2, 8, 10, 10)), g.tensor("w", (16, 8, 3, 3))
+    loss = (lm.conv2d(x, w, padding=1) * g.tensor("dy", (2, 16, 10, 10))).sum()
+    for name, t in zip(("gx", "gw"), grad(loss, [x, w])):
+        t.output(name)
+    program = g.compile("cpu")
+    source = program.source
+    pack = source[source.index("*restrict panbuf = "):source.index("#pragma omp parallel if", source.index("*restrict panbuf = "))]
+    assert not any(op in pack for op in (" / ", " % ", "lm_floordiv", "lm_mod")), pack
+    assert "same structure" not in program.explain()
+    arrays = {"x": rand(2, 8, 10, 10, seed=1), "w": rand(16, 8, 3, 3, seed=2), "dy": rand(2, 16, 10, 10, seed=3)}
+    tx, tw = (torch.from_numpy(arrays[n]).requires_grad_() for n in "xw")
+    torch.nn.functional.conv2d(tx, tw, padding=1).backward(torch.from_numpy(arrays["dy"]))
+    out = program(**arrays)
+    np.testing.assert_allclose(out["gw"], tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out["gx"], tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
 # -- integer and vector rendering of quantized weights ---------------------------------------------
 
 def _unpack_exprs(g, q):

@@ -599,7 +599,7 @@ def _loops_with_rows(program: KernelProgram, kernel: Kernel, plan) -> list[str]:
     would recompute them for every output."""
     red, i = plan.reduce, plan.i
     batch = list(zip(kernel.loop_vars[:-2], kernel.shape))
-    lines, _ = _pack_rows(program, kernel, plan, batch, i, kernel.shape[-2], red.var.name, red.extent.render_c())
+    lines, _ = _precompute(program, plan.rows, batch, i, kernel.shape[-2], red, "rowbuf")
     where = flat_index([v for v, _ in batch] + [i], [x for _, x in batch] + [kernel.shape[-2]])
     rows = Buffer(len(program.buffers), sym(1), "float32", "temp", "rows")
     loads_of = {node: Load(rows.id, (where * len(plan.rows) + q) * red.extent + red.var, sym(1))
@@ -768,9 +768,12 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Sche
                 f"{extent.render_c()} - 1;")
 
     work, threads = numel(kernel.shape) * k_n, len(batch) + len(threaded)
-    out, row_names = [], {}
+    out, row_names, panel_names = [], {}, {}
     if s.pack_rows and plan.rows and i is not None:
-        out, row_names = _pack_rows(program, kernel, plan, batch, i, rows_n, r, K)
+        out, row_names = _precompute(program, plan.rows, batch, i, rows_n, red, "rowbuf")
+    if windowed(plan):
+        lines, panel_names = _precompute(program, plan.panels, batch, j, cols_n, red, "panbuf")
+        out += lines
     # one thread when no loop is threaded: every thread would otherwise run the whole nest
     when = f"({work.render_c()}) >= {PARALLEL_MIN_WORK}" if threads else "0"
     out += [f"    #pragma omp parallel if({when})", "    {"]
@@ -788,7 +791,7 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Sche
     for c in order[len(outside):]:
         if c == "p":
             if npan:
-                out += _pack(program, plan, r, k_lo, k_hi, span, tj, clamp(j, "j0", "jj", cols_n, tj))
+                out += _pack(program, plan, r, k_lo, k_hi, span, tj, clamp(j, "j0", "jj", cols_n, tj), panel_names)
             continue
         out.append("    " + header[c.lower()] + " {")
         depth += 1
@@ -806,36 +809,48 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Sche
     if npan:
         out.append("    free(pan);")
     out.append("    }")
-    return out + (["    free(rowbuf);"] if row_names else [])
+    return out + ["    free(rowbuf);"] * bool(row_names) + ["    free(panbuf);"] * bool(panel_names)
 
 
-def _pack_rows(program, kernel, plan, batch, i, rows_n, r, K) -> tuple[list[str], dict]:
-    """Before the tiles: every row operand at every (batch, row, reduction step), in parallel. A
-    row or reduction index divided by constants (a convolution's window: row // 56, r % 3) loops
-    over its digits instead (kernels.digits), so the window's index math is affine, not a division
-    per element."""
-    from ..compiler.kernels import _ir_exprs, digits  # (the window digits of a packed row operand)
-    nrows, where = len(plan.rows), flat_index([v for v, _ in batch] + [i], [x for _, x in batch] + [rows_n])
-    total = numel([x for _, x in batch] + [rows_n])
-    at = lambda q: f"rowbuf[(({where.render_c()}) * {nrows} + {q}) * {K} + {r}]"  # noqa: E731
-    exprs = [x for node in plan.rows for x in _ir_exprs(node)]
+def _precompute(program, nodes, batch, var, extent, red, name) -> tuple[list[str], dict]:
+    """Before the tiles, in parallel: each of `nodes` (the row operands, or the window panels) at
+    every (batch, `var`, reduction step) into buffer `name`, read back by the tiles; the C
+    expression of each node there. An index divided by constants (a convolution's window: row //
+    56, r % 3) loops over its digits instead (kernels.digits), so the window's index math is
+    affine, not a division per element."""
+    from ..compiler.kernels import _ir_exprs, digits  # (the window digits of a packed operand)
+    K, r = red.extent.render_c(), red.var.name
+    count, where = len(nodes), flat_index([v for v, _ in batch] + [var], [x for _, x in batch] + [extent])
+    total = numel([x for _, x in batch] + [extent])
+    at = lambda q: f"{name}[(({where.render_c()}) * {count} + {q}) * {K} + {r}]"  # noqa: E731
+    exprs = [x for node in nodes for x in _ir_exprs(node)]
     loops, named = [], {}
-    for var, extent in ((i, rows_n), (plan.reduce.var, plan.reduce.extent)):
-        split = digits(var.name, extent.value, exprs) if extent.is_const else None
-        parts = split[0][::-1] if split else [var]  # outermost digit first
-        loops.append([(d, sym(d.bounds()[1] + 1) if split else extent) for d in parts])
+    for v, n in ((var, extent), (red.var, red.extent)):
+        split = digits(v.name, n.value, exprs) if n.is_const else None
+        parts = split[0][::-1] if split else [v]  # outermost digit first
+        loops.append([(d, sym(d.bounds()[1] + 1) if split else n) for d in parts])
         if split:
-            named[var.name] = split[1]
-    out = [f"    float *restrict rowbuf = (float *)malloc(sizeof(float) * (size_t)({total.render_c()}) * {nrows} * {K});",
+            named[v.name] = split[1]
+    out = [f"    float *restrict {name} = (float *)malloc(sizeof(float) * (size_t)({total.render_c()}) * {count} * {K});",
            f"    #pragma omp parallel for collapse({len(batch) + len(loops[0])}) schedule(static) "
            f"if((({total.render_c()}) * {K}) >= {PARALLEL_MIN_WORK})"]
     out += [f"    for (long long {v.name} = 0; {v.name} < {x.render_c()}; {v.name}++)" for v, x in batch + loops[0]]
     out += [f"      for (long long {v.name} = 0; {v.name} < {x.render_c()}; {v.name}++)" for v, x in loops[1]]
-    out += ["      {"] + [f"        const long long {name} = {index.render_c()};" for name, index in named.items()]
+    out += ["      {"] + [f"        const long long {n} = {index.render_c()};" for n, index in named.items()]
     em = _Emitter(program, "        ")
-    for q, node in enumerate(plan.rows):
+    for q, node in enumerate(nodes):
         em.lines.append(f"        {at(q)} = {em.emit(substitute(node, named))};")
-    return out + em.lines + ["      }"], {node: at(q) for q, node in enumerate(plan.rows)}
+    return out + em.lines + ["      }"], {node: at(q) for q, node in enumerate(nodes)}
+
+
+def windowed(plan: TilePlan) -> bool:
+    """Whether the panel operands are windows of an input (a convolution's weight gradient reads
+    the padded input at position + kernel offset): loads behind a validity test or with index
+    math dividing the column or the reduction step. Such panels are computed once, over their
+    digits, before the tiles, and each column block's pack copies them."""
+    return bool(plan.panels) and all(isinstance(e, Load) for e in plan.panels) and any(
+        e.valid != sym(1) or _stride(e.index, plan.reduce.var) is None or _stride(e.index, plan.j) is None
+        for e in plan.panels)
 
 
 def check_tile_order(order: str, blocked: bool, packs: bool) -> None:
@@ -851,11 +866,13 @@ def check_tile_order(order: str, blocked: bool, packs: bool) -> None:
                          f"loops first (after a serial leading k), and p after j and k")
 
 
-def _pack(program, plan, r, k_lo, k_hi, span, tj, j_clamp) -> list[str]:
-    """Copy (compute) the panel operands of this column block, reduction block into `pan`."""
+def _pack(program, plan, r, k_lo, k_hi, span, tj, j_clamp, panel_names) -> list[str]:
+    """Copy (compute) the panel operands of this column block, reduction block into `pan`
+    (copy from `panel_names`' buffer where they were computed before the tiles)."""
     out = [f"      for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++)", "        #pragma omp simd",
            f"        for (long long jj = 0; jj < {tj}; jj++) {{", f"          {j_clamp}"]
     em = _Emitter(program, "          ")
+    em.names.update(panel_names)
     for p, node in enumerate(plan.panels):
         value = em.emit(node)
         em.lines.append(f"          pan[({p} * {span} + {r} - {k_lo}) * {tj} + jj] = {value};")

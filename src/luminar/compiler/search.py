@@ -1013,6 +1013,8 @@ def explain(program: KernelProgram, choices: dict[str, Choice], opts: SearchOpti
         choice = choices.get(kernel.name) or Choice(default_schedule(kernel), "default")
         shape = "(" + ", ".join(map(str, kernel.shape)) + ")"
         lines.append(f"{kernel.name} {shape}: {choice.schedule.describe()} [{choice.source}]")
+        if kernel.name not in choices:  # (a default made here: its id may be a freed one's)
+            continue
         if id(choice) in first:
             lines.append(f"  same structure as {first[id(choice)]}")
             continue
