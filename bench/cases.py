@@ -171,6 +171,43 @@ def conv2d(channels: int, size: int) -> Case:
                 inputs=inputs, flops=2.0 * channels * channels * 9 * size * size)
 
 
+
+def conv2d_backward(channels: int, size: int) -> Case:
+    """A training step's convolution: forward, then the input and weight gradients for a given
+    output gradient (luminar: one graph differentiated by luminar.autograd; torch: autograd)."""
+    import torch
+    from luminar.autograd import grad
+    shape_x, shape_w = (1, channels, size, size), (channels, channels, 3, 3)
+
+    def graph():
+        g = lm.Graph()
+        x, w = g.tensor("x", shape_x), g.tensor("w", shape_w)
+        loss = (lm.conv2d(x, w, padding=1) * g.tensor("dy", shape_x)).sum()
+        for name, t in zip(("gx", "gw"), grad(loss, [x, w])):
+            t.output(name)
+        return g
+
+    def numpy_fn(x, w, dy):  # both gradients as correlations of padded windows (3x3, padding 1)
+        def windows(a):
+            return sliding_window_view(np.pad(a, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+        gw = np.tensordot(dy, windows(x), axes=([0, 2, 3], [0, 2, 3]))  # (O, C, 3, 3)
+        gx = np.tensordot(windows(dy), w[:, :, ::-1, ::-1], axes=([1, 4, 5], [0, 2, 3]))  # (N, H, W, C)
+        return {"gx": gx.transpose(0, 3, 1, 2), "gw": gw}
+
+    def torch_fn(x, w, dy):
+        with torch.enable_grad():  # (the bench runs torch contenders without autograd)
+            x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+            torch.nn.functional.conv2d(x, w, padding=1).backward(dy)
+        return {"gx": x.grad, "gw": w.grad}
+
+    def inputs():
+        rng = np.random.default_rng(5)
+        return {"x": _rand(rng, *shape_x), "w": _rand(rng, *shape_w, scale=1 / math.sqrt(9 * channels)),
+                "dy": _rand(rng, *shape_x)}
+
+    return Case("conv2d 3x3 forward + backward", f"1x{channels}x{size}x{size}, {channels}->{channels}", graph,
+                numpy_fn, torch_fn=torch_fn, inputs=inputs, flops=3 * 2.0 * channels * channels * 9 * size * size)
+
 # -- a Llama decoder block, one decode step ---------------------------------------------------------
 @dataclass(frozen=True)
 class LlamaShape:
@@ -300,7 +337,7 @@ def all_cases(quick: bool) -> list[Case]:
     if quick:
         return [matmul(128), matmul(256), matmul(512, [Goal("speed >= 0.3x numpy", "numpy", 0.3)]),
                 fused_chain(1 << 20), softmax(256, 1024), layer_norm(512, 512), rms_norm(512, 512), conv2d(16, 28),
-                llama_decode(128)]
+                conv2d_backward(16, 28), llama_decode(128)]
     return [matmul(256), matmul(1024, [Goal("speed >= 0.3x numpy", "numpy", 0.3)]), matmul(2048),
             fused_chain(16 << 20), softmax(4096, 4096), layer_norm(8192, 1024), rms_norm(8192, 1024), conv2d(64, 56),
-            llama_decode(128)]
+            conv2d_backward(64, 56), llama_decode(128)]
