@@ -14,6 +14,7 @@ import torch
 
 import luminar as lm
 from luminar.backends import cc
+from luminar.backends.cpu import PRECOMPUTED
 from luminar.compiler.kernels import lower
 from luminar.compiler.passes import optimize
 from conftest import Q4Tensor, rand
@@ -317,6 +318,9 @@ def test_a_convolution_packs_its_window_rows_once_looping_over_their_digits():
     x, w = rand(2, 8, 12, 12, seed=1), rand(64, 8, 3, 3, seed=2)
     want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
     np.testing.assert_allclose(program(x=x, w=w)["y"], want, rtol=1e-4, atol=1e-4)
+    big = lm.Graph()  # a batch whose windows would take more than PRECOMPUTED floats packs per column block
+    lm.conv2d(big.tensor("x", (16, 64, 56, 56)), big.tensor("w", (64, 64, 3, 3)), padding=1).output("y")
+    assert 16 * 56 * 56 * 64 * 9 > PRECOMPUTED and "rowbuf" not in big.compile("cpu").source
 
 
 def test_a_convolutions_weight_gradient_computes_its_input_windows_once():

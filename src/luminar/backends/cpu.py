@@ -37,6 +37,7 @@ C_TYPES = {"float32": "float", "float16": "_Float16", "bfloat16": "unsigned shor
 # OpenMP team is ~1-2 µs; 1 << 15 threads the 576x192 k/v projections of a small-model decode step
 # (+~10% tok/s over 1 << 18 on SmolLM2-135M, 2 threads)
 PARALLEL_MIN_WORK = 1 << 15
+PRECOMPUTED = 1 << 24  # floats (64 MB): the largest buffer of row or panel operands computed before the tiles
 
 PRELUDE = f"""\
 #include <math.h>
@@ -538,8 +539,11 @@ def default_schedule(kernel: Kernel) -> Schedule:
     # few columns, threads take (column block, row block) pairs and each packs its own ("JIp").
     order = "Jpi" if batched or not cols.is_const or cols.value >= 8 * tj else "JIp"
     vector = tj % 16 == 0 and vector_body(plan) is not None
-    # rows that cost more than a load are computed once, not per column block
-    pack_rows = costly_rows(plan) and not (cols.is_const and cols.value <= tj)
+    # rows that cost more than a load are computed once, not per column block (in a buffer of at
+    # most PRECOMPUTED floats: a batch of images' windows would not be)
+    size = numel(kernel.shape[:-1]) * plan.reduce.extent * len(plan.rows)
+    pack_rows = costly_rows(plan) and not (cols.is_const and cols.value <= tj) and \
+        not (size.is_const and size.value > PRECOMPUTED)
     return Schedule("tiled", ti=ti, tj=tj, mc=ROW_CHUNK, order=order, vector=vector,
                     min_rows=0 if strided or rows.is_const else 4, pack_rows=pack_rows)
 
@@ -771,7 +775,8 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Sche
     out, row_names, panel_names = [], {}, {}
     if s.pack_rows and plan.rows and i is not None:
         out, row_names = _precompute(program, plan.rows, batch, i, rows_n, red, "rowbuf")
-    if windowed(plan):
+    size = numel([x for _, x in batch] + [cols_n]) * k_n * npan
+    if windowed(plan) and size.is_const and size.value <= PRECOMPUTED:
         lines, panel_names = _precompute(program, plan.panels, batch, j, cols_n, red, "panbuf")
         out += lines
     # one thread when no loop is threaded: every thread would otherwise run the whole nest
@@ -831,7 +836,8 @@ def _precompute(program, nodes, batch, var, extent, red, name) -> tuple[list[str
         loops.append([(d, sym(d.bounds()[1] + 1) if split else n) for d in parts])
         if split:
             named[v.name] = split[1]
-    out = [f"    float *restrict {name} = (float *)malloc(sizeof(float) * (size_t)({total.render_c()}) * {count} * {K});",
+    out = [f"    float *restrict {name} = (float *)malloc(sizeof(float) * (size_t)({total.render_c()}) * {count} * "
+           f"{K});",
            f"    #pragma omp parallel for collapse({len(batch) + len(loops[0])}) schedule(static) "
            f"if((({total.render_c()}) * {K}) >= {PARALLEL_MIN_WORK})"]
     out += [f"    for (long long {v.name} = 0; {v.name} < {x.render_c()}; {v.name}++)" for v, x in batch + loops[0]]

@@ -61,8 +61,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends import cc
-from ..backends.cpu import (ONLINE_KEYS, ONLINE_ROWS, PRELUDE, Schedule, default_schedule, plan_tiles, render_kernel,
-                            render_oracle)
+from ..backends.cpu import (ONLINE_KEYS, ONLINE_ROWS, PRECOMPUTED, PRELUDE, Schedule, default_schedule, plan_tiles,
+                            render_kernel, render_oracle)
 from ..errors import DimensionError, UnsupportedError, ValueDomainError
 from .kernels import (Apply, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select, depends_on, loads,
                       numel, walk)
@@ -279,7 +279,7 @@ def space(kernel: Kernel, env: dict) -> Space:
             facts += [("subfactor", i, b, f) for b in blocks for f in heights if b % f == 0]
         if plan.panels:
             facts.append(("packable",))
-        if costly_rows(plan):
+        if costly_rows(plan) and _value(numel(kernel.shape[:-1]) * red.extent, env) * len(plan.rows) <= PRECOMPUTED:
             facts.append(("rows_packable",))
     return Space(tuple(nest), list(dict.fromkeys(facts)))
 
@@ -908,9 +908,10 @@ def search_fusion(lowering, program: KernelProgram, opts: SearchOptions):
     by_out, default_by_out = {k.out: k for k in fused.kernels}, {k.out: k for k in program.kernels}
     consumers = {}  # region's node -> (the fused kernel, the default kernels it replaces)
     for p, region in regions:
-        kernel = by_out.get(trial.buffer_of.get(absorbed_by(trial, p)))
+        target = absorbed_by(trial, p)
+        kernel = by_out.get(trial.buffer_of.get(target))
         if kernel is not None:
-            consumers[p] = kernel, [default_by_out[lowering.buffer_of[n]] for n in sorted(region | {absorbed_by(trial, p)})
+            consumers[p] = kernel, [default_by_out[lowering.buffer_of[n]] for n in sorted(region | {target})
                                     if lowering.buffer_of.get(n) in default_by_out]
     forms = fusion_forms({p: {"fusable", "online_form"} if default_schedule(k).kind == "online" else {"fusable"}
                           for p, (k, _) in consumers.items()})
