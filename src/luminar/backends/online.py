@@ -36,7 +36,8 @@ def slope(e, target):
 
 def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: int, tj: int) -> list[str]:
     """The body of the kernel's C function (see the module doc): blocks of `ti` query rows (a
-    multiple of 4) x `tj` keys (a multiple of 16)."""
+    multiple of 4) x `tj` keys (a multiple of 16); micro-kernels take 4 rows at a time, then
+    single rows (a decode step's one query row costs one row, not four)."""
     from .cpu import PARALLEL_MIN_WORK, _Emitter, render_float
     *batch, i, d = kernel.loop_vars
     j, k = plan.total.var.name, plan.dot.var.name
@@ -67,7 +68,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
             f"      float lm_vp[{tj}][{D}] __attribute__((aligned(64))), lm_acc[{ti}][{D}] __attribute__((aligned(64)));",
             f"      float lm_s[{ti}][{tj}] __attribute__((aligned(64))), lm_p[{ti}][{tj}] __attribute__((aligned(64)));",
             f"      float lm_m[{ti}], lm_l[{ti}], lm_alpha[{ti}]; int lm_live[{ti}];",
-            f"      const int lm_nr = {M} - lm_i0 < {ti} ? (int)(({M} - lm_i0 + 3) / 4 * 4) : {ti};  /* rows in use, whole fours */",
+            f"      const int lm_nr = {M} - lm_i0 < {ti} ? (int)({M} - lm_i0) : {ti};  /* rows in use */",
             f"      for (int lm_ii = 0; lm_ii < lm_nr; lm_ii++) {{ lm_m[lm_ii] = -INFINITY; lm_l[lm_ii] = 0.0f; "
             f"for (int lm_dd = 0; lm_dd < {D}; lm_dd++) lm_acc[lm_ii][lm_dd] = 0.0f; }}",
             f"      for (int lm_ii = 0; lm_ii < lm_nr; lm_ii++) {{", f"        {clamp_i}",
@@ -107,16 +108,19 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
                     f"          for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
     lines, value = emit(plan.value, "            ")
     out += lines + [f"            lm_vp[lm_jj][{d.name}] = {value};", "          }", "        }",
-                    f"        if (!lm_dotless) for (int lm_ii = 0; lm_ii < lm_nr; lm_ii += 4) {{",
-                    f"          lm_v16 lm_c[4][{nv}];",
-                    f"          for (int lm_r = 0; lm_r < 4; lm_r++) for (int lm_v = 0; lm_v < {nv}; lm_v++) lm_c[lm_r][lm_v] = (lm_v16){{0}};",
-                    f"          for (long long lm_kk = 0; lm_kk < {K}; lm_kk++) {{",
-                    "            const lm_v16 *restrict lm_kv = (const lm_v16 *)lm_kt[lm_kk];",
-                    "            #pragma GCC unroll 4", "            for (int lm_r = 0; lm_r < 4; lm_r++)",
-                    f"              #pragma GCC unroll {nv}",
-                    f"              for (int lm_v = 0; lm_v < {nv}; lm_v++) lm_c[lm_r][lm_v] += lm_qp[lm_ii + lm_r][lm_kk] * lm_kv[lm_v];", "          }",
-                    "          for (int lm_r = 0; lm_r < 4; lm_r++) for (int lm_v = 0; lm_v < nv_; lm_v++) ((lm_v16 *)lm_s[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];"
-                    .replace("nv_", str(nv)), "        }"]
+                    "        if (!lm_dotless) {", "        int lm_ii = 0;"]
+    for rows, step in ((4, "lm_ii + 4 <= lm_nr; lm_ii += 4"), (1, "lm_ii < lm_nr; lm_ii++")):  # fours, then single rows
+        out += [f"        for (; {step}) {{", f"          lm_v16 lm_c[{rows}][{nv}];",
+                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {nv}; lm_v++) "
+                f"lm_c[lm_r][lm_v] = (lm_v16){{0}};",
+                f"          for (long long lm_kk = 0; lm_kk < {K}; lm_kk++) {{",
+                "            const lm_v16 *restrict lm_kv = (const lm_v16 *)lm_kt[lm_kk];",
+                f"            #pragma GCC unroll {rows}", f"            for (int lm_r = 0; lm_r < {rows}; lm_r++)",
+                f"              #pragma GCC unroll {nv}",
+                f"              for (int lm_v = 0; lm_v < {nv}; lm_v++) lm_c[lm_r][lm_v] += lm_qp[lm_ii + lm_r][lm_kk] * lm_kv[lm_v];",
+                "          }", f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {nv}; lm_v++) "
+                "((lm_v16 *)lm_s[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
+    out += ["        }"]
     # -- the online update of each row
     out += [f"        for (int lm_ii = 0; lm_ii < lm_nr; lm_ii++) {{", f"          {clamp_i}", "          float lm_top = -INFINITY;",
             "          int lm_nan = 0;", "          #pragma omp simd reduction(max:lm_top) reduction(|:lm_nan)",
@@ -133,20 +137,22 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
                     "          #pragma omp simd reduction(+:lm_total)", f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{",
                     f"            lm_p[lm_ii][lm_jj] = lm_exp2((lm_s[lm_ii][lm_jj] - lm_shift) * {c});", "            lm_total += lm_p[lm_ii][lm_jj];",
                     "          }", "          lm_l[lm_ii] = lm_l[lm_ii] * lm_alpha[lm_ii] + lm_total;", "        }",
-                    # -- acc = acc * alpha + p @ vp, four rows at a time
-                    f"        for (int lm_ii = 0; lm_ii < lm_nr; lm_ii += 4) {{",
-                    "          if (!(lm_live[lm_ii] | lm_live[lm_ii + 1] | lm_live[lm_ii + 2] | lm_live[lm_ii + 3])) continue;",
-                    f"          lm_v16 lm_c[4][{D // 16}];",
-                    f"          for (int lm_r = 0; lm_r < 4; lm_r++) for (int lm_v = 0; lm_v < {D // 16}; lm_v++) "
-                    f"lm_c[lm_r][lm_v] = ((lm_v16 *)lm_acc[lm_ii + lm_r])[lm_v] * lm_alpha[lm_ii + lm_r];",
-                    f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{",
-                    "            const lm_v16 *restrict lm_vv = (const lm_v16 *)lm_vp[lm_jj];",
-                    "            #pragma GCC unroll 4", "            for (int lm_r = 0; lm_r < 4; lm_r++) {",
-                    "              const float lm_w = lm_live[lm_ii + lm_r] ? lm_p[lm_ii + lm_r][lm_jj] : 0.0f;",
-                    f"              #pragma GCC unroll {D // 16}",
-                    f"              for (int lm_v = 0; lm_v < {D // 16}; lm_v++) lm_c[lm_r][lm_v] += lm_w * lm_vv[lm_v];", "            }", "          }",
-                    f"          for (int lm_r = 0; lm_r < 4; lm_r++) for (int lm_v = 0; lm_v < {D // 16}; lm_v++) ((lm_v16 *)lm_acc[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];",
-                    "        }", "      }"]
+                    "        {", "        int lm_ii = 0;"]
+    for rows, step in ((4, "lm_ii + 4 <= lm_nr; lm_ii += 4"), (1, "lm_ii < lm_nr; lm_ii++")):  # acc = acc * alpha + p @ vp
+        live = " | ".join(f"lm_live[lm_ii + {r}]" for r in range(rows))
+        out += [f"        for (; {step}) {{", f"          if (!({live})) continue;", f"          lm_v16 lm_c[{rows}][{D // 16}];",
+                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {D // 16}; lm_v++) "
+                f"lm_c[lm_r][lm_v] = ((lm_v16 *)lm_acc[lm_ii + lm_r])[lm_v] * lm_alpha[lm_ii + lm_r];",
+                f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{",
+                "            const lm_v16 *restrict lm_vv = (const lm_v16 *)lm_vp[lm_jj];",
+                f"            #pragma GCC unroll {rows}", f"            for (int lm_r = 0; lm_r < {rows}; lm_r++) {{",
+                "              const float lm_w = lm_live[lm_ii + lm_r] ? lm_p[lm_ii + lm_r][lm_jj] : 0.0f;",
+                f"              #pragma GCC unroll {D // 16}",
+                f"              for (int lm_v = 0; lm_v < {D // 16}; lm_v++) lm_c[lm_r][lm_v] += lm_w * lm_vv[lm_v];",
+                "            }", "          }",
+                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {D // 16}; lm_v++) "
+                "((lm_v16 *)lm_acc[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
+    out += ["        }", "      }"]
     # -- epilogue: the kernel's value with the sum, its row max and row sum read from the accumulators
     names = {plan.total: "lm_total", plan.maximum: "lm_m[lm_ii]"}
     for n in walk(kernel.value):
