@@ -197,7 +197,8 @@ def fuse(monkeypatch, tmp_path):
 CASES = {
     "causal": dict(),
     "tails": dict(heads=3, rows=70, keys=130, dim=16, mask="input"),  # not multiples of any block
-    "one row": dict(heads=1, rows=1, keys=200, dim=64, mask="input"),
+    "one row": dict(heads=1, rows=1, keys=200, dim=64, mask="input"),  # a decode step: dots straight from the keys
+    "three rows": dict(heads=2, rows=3, keys=77, dim=32, mask="causal"),
     "no mask": dict(rows=33, keys=33, dim=64, mask=None),
     "additive -1e30": dict(rows=20, keys=90, dim=48, mask="additive"),
 }

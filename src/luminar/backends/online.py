@@ -101,14 +101,22 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     else:
         out.append("        const int lm_dotless = 0;")
     # -- pack this block's keys and values; the scores' dot products by a vector micro-kernel
+    # (fewer than 4 rows -- a decode step -- take each dot product straight from the keys: packing them
+    # transposed would cost more than the one use it serves)
     out += [f"        for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{", f"          {clamp_j}",
-            f"          if (!lm_dotless) for (long long {k} = 0; {k} < {K}; {k}++) {{"]
+            f"          if (!lm_dotless && lm_nr >= 4) for (long long {k} = 0; {k} < {K}; {k}++) {{"]
     lines, key = emit(plan.key, "            ")
     out += lines + [f"            lm_kt[{k}][lm_jj] = {key};", "          }",
+                    f"          for (int lm_ii = 0; lm_ii < lm_nr && !lm_dotless && lm_nr < 4; lm_ii++) {{",
+                    "            float lm_dot = 0.0f;", "            #pragma omp simd reduction(+:lm_dot)",
+                    f"            for (long long {k} = 0; {k} < {K}; {k}++) {{"]
+    lines, key = emit(plan.key, "              ")
+    out += lines + [f"              lm_dot += lm_qp[lm_ii][{k}] * {key};", "            }",
+                    "            lm_s[lm_ii][lm_jj] = lm_dot;", "          }",
                     f"          for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
     lines, value = emit(plan.value, "            ")
     out += lines + [f"            lm_vp[lm_jj][{d.name}] = {value};", "          }", "        }",
-                    "        if (!lm_dotless) {", "        int lm_ii = 0;"]
+                    "        if (!lm_dotless && lm_nr >= 4) {", "        int lm_ii = 0;"]
     for rows, step in ((4, "lm_ii + 4 <= lm_nr; lm_ii += 4"), (1, "lm_ii < lm_nr; lm_ii++")):  # fours, then single rows
         out += [f"        for (; {step}) {{", f"          lm_v16 lm_c[{rows}][{nv}];",
                 f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {nv}; lm_v++) "
