@@ -539,11 +539,8 @@ def default_schedule(kernel: Kernel) -> Schedule:
     # few columns, threads take (column block, row block) pairs and each packs its own ("JIp").
     order = "Jpi" if batched or not cols.is_const or cols.value >= 8 * tj else "JIp"
     vector = tj % 16 == 0 and vector_body(plan) is not None
-    # rows that cost more than a load are computed once, not per column block (in a buffer of at
-    # most PRECOMPUTED floats: a batch of images' windows would not be)
-    size = numel(kernel.shape[:-1]) * plan.reduce.extent * len(plan.rows)
-    pack_rows = costly_rows(plan) and not (cols.is_const and cols.value <= tj) and \
-        not (size.is_const and size.value > PRECOMPUTED)
+    # rows that cost more than a load are computed once, not per column block
+    pack_rows = packable_rows(kernel, plan) and not (cols.is_const and cols.value <= tj)
     return Schedule("tiled", ti=ti, tj=tj, mc=ROW_CHUNK, order=order, vector=vector,
                     min_rows=0 if strided or rows.is_const else 4, pack_rows=pack_rows)
 
@@ -706,12 +703,14 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
     return TilePlan(red, i, j, rows, panels)
 
 
-def costly_rows(plan: TilePlan) -> bool:
-    """Whether the row operands cost more than a plain load per step: computed (an input
+def packable_rows(kernel: Kernel, plan: TilePlan) -> bool:
+    """Whether the row operands cost more than a plain load per step -- computed (an input
     normalized on the fly) or gathered through a window (a convolution's padded, strided input:
-    a validity test and a div/mod index)."""
-    return plan.i is not None and any(not isinstance(e, Load) or e.valid != sym(1) or
-                                      _stride(e.index, plan.reduce.var) is None for e in plan.rows)
+    a validity test and a div/mod index) -- and fit a buffer of PRECOMPUTED floats (a batch of
+    images' windows would not): then they are worth computing once before the tiles."""
+    size = numel(kernel.shape[:-1]) * plan.reduce.extent * len(plan.rows)
+    return plan.i is not None and not (size.is_const and size.value > PRECOMPUTED) and any(
+        not isinstance(e, Load) or e.valid != sym(1) or _stride(e.index, plan.reduce.var) is None for e in plan.rows)
 
 
 def _inside_unnamed(e, target, named) -> bool:

@@ -61,8 +61,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends import cc
-from ..backends.cpu import (ONLINE_KEYS, ONLINE_ROWS, PRECOMPUTED, PRELUDE, Schedule, default_schedule, plan_tiles,
-                            render_kernel, render_oracle)
+from ..backends.cpu import (ONLINE_KEYS, ONLINE_ROWS, PRELUDE, Schedule, default_schedule, plan_tiles, render_kernel,
+                            render_oracle)
 from ..errors import DimensionError, UnsupportedError, ValueDomainError
 from .kernels import (Apply, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select, depends_on, loads,
                       numel, walk)
@@ -251,7 +251,7 @@ def space(kernel: Kernel, env: dict) -> Space:
     """Dims are the kernel's loop variables plus "r" for its reduction (when it has exactly one).
     Tile factors come from SIMD widths (columns: multiples of 16 floats), register-tile heights,
     cache-sized row and reduction blocks, and lane counts for split reductions."""
-    from ..backends.cpu import _stride, costly_rows, plan_tiles
+    from ..backends.cpu import _stride, packable_rows, plan_tiles
     names = [v.name for v in kernel.loop_vars]
     extents = [_value(x, env) for x in kernel.shape]
     nest = [("loop", n, x, 1, "s") for n, x in zip(names, extents)]
@@ -279,7 +279,7 @@ def space(kernel: Kernel, env: dict) -> Space:
             facts += [("subfactor", i, b, f) for b in blocks for f in heights if b % f == 0]
         if plan.panels:
             facts.append(("packable",))
-        if costly_rows(plan) and _value(numel(kernel.shape[:-1]) * red.extent, env) * len(plan.rows) <= PRECOMPUTED:
+        if packable_rows(kernel, plan):
             facts.append(("rows_packable",))
     return Space(tuple(nest), list(dict.fromkeys(facts)))
 
