@@ -11,10 +11,14 @@ command-line usage exits with status 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 
 from .errors import LuminarError
+
+# modules (relative to this package) that add subcommands; see build_parser
+COMMAND_MODULES: list[str] = []
 
 SEARCH_HELP = ("cpu backend: search each kernel's schedule by measurement (optionally a budget in seconds, "
                "default 30); results are cached, so only the first run pays")
@@ -67,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", parents=[common], help="continue a prompt (no chat template)",
                                    description="Continue --prompt with the model.")
     generate.add_argument("--prompt", required=True, help="the text to continue")
+    # Commands of other model families live beside the models they run: each module's
+    # add_commands(commands) adds its subparsers with set_defaults(handler=fn), and
+    # fn(args, log) -> exit status runs it.
+    for module in COMMAND_MODULES:
+        importlib.import_module(module, __package__).add_commands(commands)
     return parser
 
 
@@ -85,6 +94,8 @@ def main(argv=None) -> int:
 
 
 def _run(args, log) -> int:
+    if getattr(args, "handler", None) is not None:
+        return args.handler(args, log)
     from .models import load
     started = time.perf_counter()
     model = load(args.model, backend=args.backend, search=args.search,
