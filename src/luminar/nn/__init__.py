@@ -27,9 +27,11 @@ from .loss import (BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, KLDivLoss, L1
                    SmoothL1Loss)
 from .module import IncompatibleKeys, Module, ModuleList, Parameter, Sequential, input_name
 from .norm import BatchNorm2d, LayerNorm
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell, SequenceRunner
 
 __all__ = ["Module", "Parameter", "Sequential", "ModuleList", "IncompatibleKeys", "input_name",
            "Linear", "Conv2d", "Embedding", "Identity", "ReLU", "GELU", "Sigmoid", "Tanh", "SiLU", "Flatten",
            "MaxPool2d", "Dropout", "BatchNorm2d", "LayerNorm", "MultiheadAttention", "TransformerEncoderLayer",
            "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCEWithLogitsLoss",
-           "KLDivLoss", "functional", "init"]
+           "KLDivLoss", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell", "SequenceRunner",
+           "functional", "init"]

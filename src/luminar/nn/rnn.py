@@ -1,0 +1,597 @@
+"""Recurrent networks: torch.nn's RNN, LSTM and GRU and their cells, with torch's parameter names,
+gate orders and results, plus `SequenceRunner`, which runs them over sequences of run-time length.
+
+Each layer's update, with x_t its input and h its state (torch's formulas; W_i* rows of weight_ih,
+W_h* rows of weight_hh, b_i*/b_h* of bias_ih/bias_hh, in this order):
+
+- RNN   h' = act(W_i x + b_i + W_h h + b_h), act tanh or relu
+- LSTM  i, f, g, o = chunks of (W_i x + b_i + W_h h + b_h);  c' = sigmoid(f) c + sigmoid(i) tanh(g),
+        h' = sigmoid(o) tanh(c')
+- GRU   r, z, n: r = sigmoid(W_ir x + b_ir + W_hr h + b_hr), z likewise,
+        n = tanh(W_in x + b_in + r (W_hn h + b_hn)),  h' = (1 - z) n + z h
+
+How a recurrence compiles (the decision, and why)
+---------------------------------------------------
+A luminar graph is static and has no loop primitive, so there are two ways to run T steps:
+
+1. **Unrolled, in the graph** (``module(x)`` on a GraphTensor). The time axis must be a concrete
+   int; the graph holds one copy of the cell per step. Everything that does not depend on the
+   state is computed for all steps at once (the input projection ``x W_ih^T + b_ih`` is one
+   matmul over T * batch rows), so each step adds one ``h W_hh^T`` and the gate arithmetic. It
+   composes with everything else in a graph: `lm.grad` differentiates through time, `TrainStep`
+   trains it, and the compiled program runs all steps in one call with no Python in between.
+   The price is compile time linear in T (the graph and its C grow with the steps; repeated
+   steps share one C function, but lowering still visits every node) and one program per length.
+   Use it for fixed, modest lengths (a few hundred steps) and for training inside larger graphs.
+2. **Stepped, from Python** (`SequenceRunner`). A handful of small programs are compiled once,
+   with the number of steps ``s`` and the batch ``b`` symbolic: per layer input size, the input
+   projection for all steps (one matmul), one cell step (the state is an input and an output,
+   ``Graph.update``-style, fed back by the runner), and for training the step's backward (built by
+   `lm.grad` from the step graph) and the weight gradients of the whole sequence (two matmuls over
+   s * b rows). Python calls the step program T times per layer and direction. Compile time does
+   not depend on the length at all, and any length runs without recompiling; the price is one
+   program call per step (Python and binding overhead, tens of microseconds) and no fusion across
+   steps. Gradients through time come from `SequenceRunner.backward` (truncation-free BPTT).
+
+Measured (``tests/test_rnn.py`` and ``bench/zoo_rnn.py`` print these; 2-core shared machine):
+unrolling compiles in time roughly proportional to T, so 1,000 unrolled steps is not a sensible
+graph, while the runner's compile is the same for 10 or 1,000 steps (it compiles before it knows
+the length). The README's "Recurrent networks" section quotes the figures.
+
+Deviations from torch: ``proj_size`` (LSTM projections) is unsupported; packed sequences are not
+supported (pad and mask instead); dropout between layers uses luminar's seeded counter-based
+masks (nn.Dropout), so the masks differ from torch's; `SequenceRunner` refuses training-mode
+dropout (use the unrolled graph, or ``eval()``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import grad
+from ..errors import ShapeError, UnsupportedError, ValueDomainError
+from ..graph import Graph, show_shape
+from ..library.elementwise import relu, sigmoid, tanh
+from ..library.indexing import cat, stack
+from ..library.linalg import linear
+from ..tensor import GraphTensor
+from . import init
+from .dropout import Dropout
+from .layers import linear_rows, positive_int
+from .module import Module, Parameter
+
+GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
+PUBLIC_NAME = {"RNN_TANH": "RNN", "RNN_RELU": "RNN", "LSTM": "LSTM", "GRU": "GRU"}
+
+
+# -- the cell update: one time step, shared by the unrolled graph, the cells and the runner ----------
+def cell_update(mode: str, gx: GraphTensor, gh: GraphTensor, h: GraphTensor, c: GraphTensor | None):
+    """(h', c') of one step from the projections gx = W_ih x + b_ih and gh = W_hh h + b_hh.
+
+    c is the LSTM's cell state (None for the others; c' is then None too).
+    """
+    if mode in ("RNN_TANH", "RNN_RELU"):
+        total = gx + gh
+        return (tanh(total) if mode == "RNN_TANH" else relu(total)), None
+    size = h.dims[-1]
+    if mode == "LSTM":
+        gates = gx + gh
+        i, f, g, o = (gates[..., k * size:(k + 1) * size] for k in range(4))
+        c_next = sigmoid(f) * c + sigmoid(i) * tanh(g)
+        return sigmoid(o) * tanh(c_next), c_next
+    # GRU: the hidden projection of n is gated by r before it is added (torch's formula)
+    r = sigmoid(gx[..., :size] + gh[..., :size])
+    z = sigmoid(gx[..., size:2 * size] + gh[..., size:2 * size])
+    n = tanh(gx[..., 2 * size:] + r * gh[..., 2 * size:])
+    return (1.0 - z) * n + z * h, None
+
+
+def _mode(name: str, nonlinearity: str) -> str:
+    if name != "RNN":
+        return name
+    if nonlinearity not in ("tanh", "relu"):
+        raise ValueDomainError(f"RNN: unknown nonlinearity {nonlinearity!r} (expected 'tanh' or 'relu')")
+    return "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU"
+
+
+def _check_features(op: str, input: GraphTensor, input_size: int) -> None:
+    if input.dims[-1] != input_size:
+        raise ShapeError(f"{op}: input has {input.dims[-1]} features (last dim of shape {show_shape(input.dims)}), "
+                         f"expected input_size={input_size}")
+
+
+def _check_state(op: str, what: str, state, expected: tuple) -> None:
+    if not isinstance(state, GraphTensor):
+        raise UnsupportedError(f"{op}: {what} must be a GraphTensor, got {type(state).__name__}")
+    if tuple(state.dims) != tuple(expected):
+        raise ShapeError(f"{op}: expected {what} of shape {show_shape(expected)}, got {show_shape(state.dims)}")
+
+
+# -- the recurrent layers ------------------------------------------------------------------------------
+class RNNBase(Module):
+    """What RNN, LSTM and GRU share: the parameters (torch's names and order) and the unrolled forward."""
+
+    def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 *, rng=None, prefix: str = ""):
+        super().__init__(prefix=prefix)
+        name = PUBLIC_NAME[mode]
+        self.mode = mode
+        self.input_size = positive_int(name, "input_size", input_size)
+        self.hidden_size = positive_int(name, "hidden_size", hidden_size)
+        self.num_layers = positive_int(name, "num_layers", num_layers)
+        if proj_size:
+            raise UnsupportedError(f"{name}: proj_size (LSTM projections) is not supported")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout <= 1.0:
+            raise ValueDomainError(f"{name}: dropout must be a number in [0, 1], got {dropout!r}")
+        self.bias, self.batch_first, self.bidirectional = bool(bias), bool(batch_first), bool(bidirectional)
+        self.dropout, self.proj_size = float(dropout), 0
+        self.num_directions = 2 if bidirectional else 1
+        rng, bound = init.generator(rng), init.fan_in_bound(hidden_size)  # torch: U(-1/sqrt(H), 1/sqrt(H)) for all
+        rows = GATES[mode] * hidden_size
+        for layer in range(num_layers):
+            layer_input = input_size if layer == 0 else hidden_size * self.num_directions
+            for suffix in self._suffixes():
+                self.register_parameter(f"weight_ih_l{layer}{suffix}", init.uniform(rng, (rows, layer_input), bound))
+                self.register_parameter(f"weight_hh_l{layer}{suffix}", init.uniform(rng, (rows, hidden_size), bound))
+                if bias:
+                    self.register_parameter(f"bias_ih_l{layer}{suffix}", init.uniform(rng, (rows,), bound))
+                    self.register_parameter(f"bias_hh_l{layer}{suffix}", init.uniform(rng, (rows,), bound))
+        # between layers only; its seed is a non-persistent buffer, so state_dict stays torch's
+        self.between_layers = Dropout(self.dropout, rng=rng) if self.dropout and num_layers > 1 else None
+
+    def _suffixes(self) -> tuple[str, ...]:
+        return ("", "_reverse") if self.bidirectional else ("",)
+
+    def layer_parameters(self, graph: Graph, layer: int, suffix: str):
+        """(weight_ih, weight_hh, bias_ih, bias_hh) of one layer and direction as graph tensors (biases may be None)."""
+        names = [f"{kind}_l{layer}{suffix}" for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        return tuple(self._optional_tensor(graph, n) for n in names)
+
+    @property
+    def _name(self) -> str:
+        return PUBLIC_NAME[self.mode]
+
+    def _initial_states(self, hx, batch, unbatched: bool):
+        """hx as a list of per-(layer, direction) states [(h0, c0 or None), ...] (None where not given)."""
+        count, hidden = self.num_layers * self.num_directions, self.hidden_size
+        expected = (count, hidden) if unbatched else (count, batch, hidden)
+        lstm = self.mode == "LSTM"
+        if hx is None:
+            return [(None, None)] * count
+        if lstm:
+            if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+                raise UnsupportedError(f"LSTM: hx must be a tuple (h0, c0), got {type(hx).__name__}")
+            states = [("h0", hx[0]), ("c0", hx[1])]
+        else:
+            states = [("h0", hx)]
+        for what, state in states:
+            _check_state(self._name, what, state, expected)
+        h0 = [states[0][1][k] for k in range(count)]
+        c0 = [states[1][1][k] for k in range(count)] if lstm else [None] * count
+        if unbatched:  # the steps run on (1, hidden) rows
+            h0 = [h.unsqueeze(0) for h in h0]
+            c0 = [c.unsqueeze(0) if c is not None else None for c in c0]
+        return list(zip(h0, c0))
+
+    def forward(self, input: GraphTensor, hx=None):
+        """(output, h_n) as torch returns them ((output, (h_n, c_n)) for LSTM), the steps unrolled.
+
+        input is (T, B, input_size) ((B, T, input_size) with batch_first) or unbatched (T, input_size);
+        T must be a concrete int (see the module docstring; SequenceRunner runs run-time lengths).
+        """
+        name = self._name
+        if not isinstance(input, GraphTensor):
+            raise UnsupportedError(f"{name}: input must be a GraphTensor, got {type(input).__name__}")
+        if input.ndim not in (2, 3):
+            raise ShapeError(f"{name}: expected a 3-D (batched) or 2-D (unbatched) input, got shape "
+                             f"{show_shape(input.dims)}")
+        _check_features(name, input, self.input_size)
+        unbatched = input.ndim == 2
+        x = input.unsqueeze(1) if unbatched else (input.transpose(0, 1) if self.batch_first else input)
+        steps = x.dims[0]
+        if not steps.is_const:
+            raise UnsupportedError(f"{name}: the time axis of shape {show_shape(input.dims)} is symbolic ({steps}); "
+                                   f"an unrolled graph needs a concrete length: use nn.SequenceRunner for "
+                                   f"run-time lengths")
+        if steps.value < 1:
+            raise ShapeError(f"{name}: the input has no time steps (shape {show_shape(input.dims)})")
+        states = self._initial_states(hx, x.dims[1], unbatched)
+        graph, finals = input.graph, []
+        for layer in range(self.num_layers):
+            outputs = []
+            for direction, suffix in enumerate(self._suffixes()):
+                h0, c0 = states[layer * self.num_directions + direction]
+                sequence, h, c = self._unrolled_layer(graph, x, layer, suffix, reverse=direction == 1, h0=h0, c0=c0)
+                outputs.append(sequence)
+                finals.append((h, c))
+            x = outputs[0] if len(outputs) == 1 else cat(outputs, -1)
+            if self.between_layers is not None and layer < self.num_layers - 1:
+                x = self.between_layers(x)
+        output = x[:, 0] if unbatched else (x.transpose(0, 1) if self.batch_first else x)
+        h_n = stack([h[0] if unbatched else h for h, _ in finals], 0)
+        if self.mode != "LSTM":
+            return output, h_n
+        return output, (h_n, stack([c[0] if unbatched else c for _, c in finals], 0))
+
+    def _unrolled_layer(self, graph, x, layer, suffix, reverse, h0, c0):
+        """One layer and direction over all steps of x (T, B, F): (outputs (T, B, H), h_T, c_T)."""
+        w_ih, w_hh, b_ih, b_hh = self.layer_parameters(graph, layer, suffix)
+        steps, batch = x.dims[0].value, x.dims[1]
+        gx_all = linear_rows(x, w_ih, b_ih)  # every step's input projection in one matmul
+        zeros = graph.constant(0.0, (batch, self.hidden_size))
+        h = h0 if h0 is not None else zeros
+        c = (c0 if c0 is not None else zeros) if self.mode == "LSTM" else None
+        outputs = [None] * steps
+        for t in (reversed(range(steps)) if reverse else range(steps)):
+            h, c = cell_update(self.mode, gx_all[t], linear(h, w_hh, b_hh), h, c)
+            outputs[t] = h
+        return stack(outputs, 0), h, c
+
+    def extra_repr(self) -> str:
+        extra = [f"{self.input_size}, {self.hidden_size}"]
+        if self.num_layers != 1:
+            extra.append(f"num_layers={self.num_layers}")
+        if self.mode == "RNN_RELU":
+            extra.append("nonlinearity='relu'")
+        for flag, default in (("bias", True), ("batch_first", False), ("bidirectional", False)):
+            if getattr(self, flag) != default:
+                extra.append(f"{flag}={getattr(self, flag)}")
+        if self.dropout:
+            extra.append(f"dropout={self.dropout}")
+        return ", ".join(extra)
+
+
+class RNN(RNNBase):
+    """torch.nn.RNN(input_size, hidden_size, num_layers=1, nonlinearity='tanh', bias=True, batch_first=False,
+    dropout=0.0, bidirectional=False): returns (output, h_n)."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 *, rng=None, prefix: str = ""):
+        super().__init__(_mode("RNN", nonlinearity), input_size, hidden_size, num_layers, bias, batch_first,
+                         dropout, bidirectional, rng=rng, prefix=prefix)
+        self.nonlinearity = nonlinearity
+
+
+class LSTM(RNNBase):
+    """torch.nn.LSTM(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False): returns (output, (h_n, c_n)); hx is (h0, c0). Gate order i, f, g, o."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 *, rng=None, prefix: str = ""):
+        super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         proj_size, rng=rng, prefix=prefix)
+
+
+class GRU(RNNBase):
+    """torch.nn.GRU(input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+    bidirectional=False): returns (output, h_n). Gate order r, z, n."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 *, rng=None, prefix: str = ""):
+        super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         rng=rng, prefix=prefix)
+
+
+# -- the cells -----------------------------------------------------------------------------------------
+class RNNCellBase(Module):
+    """What RNNCell, LSTMCell and GRUCell share: weight_ih, weight_hh, bias_ih, bias_hh as torch names them."""
+
+    def __init__(self, mode: str, input_size: int, hidden_size: int, bias: bool = True, *, rng=None,
+                 prefix: str = ""):
+        super().__init__(prefix=prefix)
+        name = PUBLIC_NAME[mode] + "Cell"
+        self.mode = mode
+        self.input_size = positive_int(name, "input_size", input_size)
+        self.hidden_size = positive_int(name, "hidden_size", hidden_size)
+        self.bias = bool(bias)
+        rng, bound = init.generator(rng), init.fan_in_bound(hidden_size)
+        rows = GATES[mode] * hidden_size
+        self.weight_ih = Parameter(init.uniform(rng, (rows, input_size), bound))
+        self.weight_hh = Parameter(init.uniform(rng, (rows, hidden_size), bound))
+        self.register_parameter("bias_ih", init.uniform(rng, (rows,), bound) if bias else None)
+        self.register_parameter("bias_hh", init.uniform(rng, (rows,), bound) if bias else None)
+
+    def forward(self, input: GraphTensor, hx=None):
+        """h' (RNNCell, GRUCell) or (h', c') (LSTMCell, hx = (h, c)); input (B, input_size) or unbatched (input_size,)."""
+        name = PUBLIC_NAME[self.mode] + "Cell"
+        if not isinstance(input, GraphTensor):
+            raise UnsupportedError(f"{name}: input must be a GraphTensor, got {type(input).__name__}")
+        if input.ndim not in (1, 2):
+            raise ShapeError(f"{name}: expected a 2-D (batched) or 1-D (unbatched) input, got shape "
+                             f"{show_shape(input.dims)}")
+        _check_features(name, input, self.input_size)
+        graph = input.graph
+        unbatched = input.ndim == 1
+        x = input.unsqueeze(0) if unbatched else input
+        expected = (self.hidden_size,) if unbatched else (x.dims[0], self.hidden_size)
+        zeros = graph.constant(0.0, (x.dims[0], self.hidden_size))
+        lstm = self.mode == "LSTM"
+        if hx is None:
+            h, c = zeros, (zeros if lstm else None)
+        else:
+            if lstm and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
+                raise UnsupportedError(f"LSTMCell: hx must be a tuple (h, c), got {type(hx).__name__}")
+            given = list(zip(("h", "c"), hx)) if lstm else [("h", hx)]
+            for what, state in given:
+                _check_state(name, what, state, expected)
+            states = [s.unsqueeze(0) if unbatched else s for _, s in given]
+            h, c = states[0], (states[1] if lstm else None)
+        w_ih, w_hh = self.graph_tensor(graph, "weight_ih"), self.graph_tensor(graph, "weight_hh")
+        b_ih, b_hh = self._optional_tensor(graph, "bias_ih"), self._optional_tensor(graph, "bias_hh")
+        h, c = cell_update(self.mode, linear(x, w_ih, b_ih), linear(h, w_hh, b_hh), h, c)
+        if unbatched:
+            h, c = h[0], (c[0] if c is not None else None)
+        return (h, c) if lstm else h
+
+    def extra_repr(self) -> str:
+        extra = f"{self.input_size}, {self.hidden_size}" + ("" if self.bias else ", bias=False")
+        return extra + (", nonlinearity='relu'" if self.mode == "RNN_RELU" else "")
+
+
+class RNNCell(RNNCellBase):
+    """torch.nn.RNNCell(input_size, hidden_size, bias=True, nonlinearity='tanh')."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh",
+                 *, rng=None, prefix: str = ""):
+        super().__init__(_mode("RNN", nonlinearity), input_size, hidden_size, bias, rng=rng, prefix=prefix)
+        self.nonlinearity = nonlinearity
+
+
+class LSTMCell(RNNCellBase):
+    """torch.nn.LSTMCell(input_size, hidden_size, bias=True): returns (h', c')."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, rng=None, prefix: str = ""):
+        super().__init__("LSTM", input_size, hidden_size, bias, rng=rng, prefix=prefix)
+
+
+class GRUCell(RNNCellBase):
+    """torch.nn.GRUCell(input_size, hidden_size, bias=True)."""
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True, *, rng=None, prefix: str = ""):
+        super().__init__("GRU", input_size, hidden_size, bias, rng=rng, prefix=prefix)
+
+
+# -- run-time lengths: compiled once, stepped from Python -----------------------------------------------
+class SequenceRunner:
+    """Runs an nn.RNN / LSTM / GRU over numpy sequences of any length, compiled once (see the module docstring).
+
+        runner = nn.SequenceRunner(lstm, backend="cpu")
+        output, (h_n, c_n) = runner(x)                 # x: numpy, torch's layout and conventions
+        grads = runner.backward(d_output, d_h_n, d_c_n)  # {"input": ..., "h0": ..., "weight_ih_l0": ...}
+
+    The programs have the step count ``s`` and the batch ``b`` symbolic, so new lengths and batch
+    sizes never recompile. Weights are read from the module at each call (so training it between
+    calls works). `backward` differentiates the last call (backpropagation through time over the
+    whole sequence), returning the gradients of sum(output * d_output) + sum(h_n * d_h_n) (+ c_n's),
+    torch's `backward(...)` semantics, under torch's parameter names.
+    """
+
+    def __init__(self, module: RNNBase, backend: str = "cpu"):
+        if not isinstance(module, RNNBase):
+            raise UnsupportedError(f"SequenceRunner runs nn.RNN, nn.LSTM or nn.GRU, got {type(module).__name__}")
+        self.module, self.backend = module, backend
+        self._programs: dict[tuple, object] = {}
+        self._saved = None
+        # compile what forward needs now: the step (the same for every layer) and each input size's projection
+        self._program("step")
+        for size in {self._layer_input(layer) for layer in range(module.num_layers)}:
+            self._program("projection", size)
+
+    # -- the compiled pieces --------------------------------------------------------------------------
+    def _layer_input(self, layer: int) -> int:
+        m = self.module
+        return m.input_size if layer == 0 else m.hidden_size * m.num_directions
+
+    def _program(self, kind: str, size: int = 0):
+        key = (kind, size)
+        if key not in self._programs:
+            graph = Graph()
+            getattr(self, f"_build_{kind}")(graph, size)
+            self._programs[key] = graph.compile(self.backend)
+        return self._programs[key]
+
+    def _weights(self, graph: Graph, which: str, size: int):
+        rows = GATES[self.module.mode] * self.module.hidden_size
+        weight = graph.tensor(f"weight_{which}", (rows, size))
+        return weight, (graph.tensor(f"bias_{which}", (rows,)) if self.module.bias else None)
+
+    def _state_inputs(self, graph: Graph):
+        hidden, lstm = self.module.hidden_size, self.module.mode == "LSTM"
+        rows = GATES[self.module.mode] * hidden
+        gx, h = graph.tensor("gx", ("b", rows)), graph.tensor("h", ("b", hidden))
+        c = graph.tensor("c", ("b", hidden)) if lstm else None
+        weight, bias = self._weights(graph, "hh", hidden)
+        gh = linear(h, weight, bias)
+        return gx, gh, h, c
+
+    def _build_step(self, graph: Graph, size: int) -> None:
+        gx, gh, h, c = self._state_inputs(graph)
+        h_next, c_next = cell_update(self.module.mode, gx, gh, h, c)
+        h_next.output("h_next")
+        if c_next is not None:
+            c_next.output("c_next")
+
+    def _build_step_backward(self, graph: Graph, size: int) -> None:
+        """One step's vector-Jacobian product: from d h_next (and d c_next) to d gx, d gh, d h, d c."""
+        gx, gh, h, c = self._state_inputs(graph)
+        h_next, c_next = cell_update(self.module.mode, gx, gh, h, c)
+        hidden = self.module.hidden_size
+        loss = (h_next * graph.tensor("d_h_next", ("b", hidden))).sum()
+        if c_next is not None:
+            loss = loss + (c_next * graph.tensor("d_c_next", ("b", hidden))).sum()
+        wanted = [gx, gh, h] + ([c] if c is not None else [])
+        for name, value in zip(("d_gx", "d_gh", "d_h", "d_c"), grad(loss, wanted)):
+            value.output(name)
+
+    def _build_projection(self, graph: Graph, size: int) -> None:
+        weight, bias = self._weights(graph, "ih", size)
+        linear_rows(graph.tensor("x", ("s", "b", size)), weight, bias).output("gx")
+
+    def _build_projection_backward(self, graph: Graph, size: int, which: str = "ih") -> None:
+        """The gradients of a projection over the whole sequence: its weight, bias (and input, for ih)."""
+        weight, bias = self._weights(graph, which, size)
+        x = graph.tensor("x", ("s", "b", size))
+        rows = GATES[self.module.mode] * self.module.hidden_size
+        loss = (linear_rows(x, weight, bias) * graph.tensor("d_g", ("s", "b", rows))).sum()
+        wanted = ([x] if which == "ih" else []) + [weight] + ([bias] if bias is not None else [])
+        names = (["d_x"] if which == "ih" else []) + ["d_weight", "d_bias"]
+        for name, value in zip(names, grad(loss, wanted)):
+            value.output(name)
+
+    def _build_hidden_backward(self, graph: Graph, size: int) -> None:
+        self._build_projection_backward(graph, size, which="hh")
+
+    def _parameters(self, layer: int, suffix: str) -> dict[str, np.ndarray]:
+        m = self.module
+        arrays = {"weight_ih": m._parameters[f"weight_ih_l{layer}{suffix}"],
+                  "weight_hh": m._parameters[f"weight_hh_l{layer}{suffix}"]}
+        if m.bias:
+            arrays["bias_ih"] = m._parameters[f"bias_ih_l{layer}{suffix}"]
+            arrays["bias_hh"] = m._parameters[f"bias_hh_l{layer}{suffix}"]
+        return arrays
+
+    # -- checking the caller's arrays ----------------------------------------------------------------
+    def _time_major(self, input) -> tuple[np.ndarray, bool]:
+        m, name = self.module, self.module._name
+        x = np.asarray(input, dtype=np.float32)
+        if x.ndim not in (2, 3):
+            raise ShapeError(f"{name}: expected a 3-D (batched) or 2-D (unbatched) input, got shape {x.shape}")
+        if x.shape[-1] != m.input_size:
+            raise ShapeError(f"{name}: input has {x.shape[-1]} features (last dim of shape {x.shape}), "
+                             f"expected input_size={m.input_size}")
+        unbatched = x.ndim == 2
+        x = x[:, None] if unbatched else (x.transpose(1, 0, 2) if m.batch_first else x)
+        if x.shape[0] < 1 or x.shape[1] < 1:
+            raise ShapeError(f"{name}: the input has no time steps or no batch (shape {input.shape})")
+        return np.ascontiguousarray(x), unbatched
+
+    def _states(self, what: str, value, batch: int, unbatched: bool) -> np.ndarray:
+        m = self.module
+        count = m.num_layers * m.num_directions
+        if value is None:
+            return np.zeros((count, batch, m.hidden_size), np.float32)
+        state = np.asarray(value, dtype=np.float32)
+        expected = (count, m.hidden_size) if unbatched else (count, batch, m.hidden_size)
+        if state.shape != expected:
+            raise ShapeError(f"{m._name}: expected {what} of shape {expected}, got {state.shape}")
+        return state[:, None] if unbatched else state
+
+    def _split_hx(self, hx):
+        if self.module.mode != "LSTM":
+            return hx, None
+        if hx is None:
+            return None, None
+        if not isinstance(hx, (tuple, list)) or len(hx) != 2:
+            raise UnsupportedError(f"LSTM: hx must be a tuple (h0, c0), got {type(hx).__name__}")
+        return hx
+
+    # -- running -------------------------------------------------------------------------------------
+    def __call__(self, input, hx=None):
+        """(output, h_n), or (output, (h_n, c_n)) for an LSTM, as numpy arrays in torch's layout."""
+        m = self.module
+        if m.training and m.between_layers is not None:
+            raise UnsupportedError(f"SequenceRunner: {m._name} has dropout between layers in training mode; "
+                                   f"call .eval() or use the unrolled graph (module(x) on a GraphTensor)")
+        x, unbatched = self._time_major(input)
+        steps, batch = x.shape[:2]
+        h0_given, c0_given = self._split_hx(hx)
+        h0 = self._states("h0", h0_given, batch, unbatched)
+        c0 = self._states("c0", c0_given, batch, unbatched) if m.mode == "LSTM" else None
+        lstm, step = m.mode == "LSTM", self._program("step")
+        saved, h_n, c_n = [], [], []
+        for layer in range(m.num_layers):
+            outputs = []
+            for direction, suffix in enumerate(m._suffixes()):
+                k = layer * m.num_directions + direction
+                params = self._parameters(layer, suffix)
+                projection = self._program("projection", self._layer_input(layer))
+                gx = projection(x=x, weight_ih=params["weight_ih"],
+                                **({"bias_ih": params["bias_ih"]} if m.bias else {}))["gx"]
+                hidden_params = {"weight_hh": params["weight_hh"],
+                                 **({"bias_hh": params["bias_hh"]} if m.bias else {})}
+                h, c = h0[k], (c0[k] if lstm else None)
+                h_prev = np.empty((steps, batch, m.hidden_size), np.float32)
+                c_prev = np.empty_like(h_prev) if lstm else None
+                out = np.empty_like(h_prev)
+                for t in (range(steps - 1, -1, -1) if direction else range(steps)):
+                    h_prev[t] = h
+                    if lstm:
+                        c_prev[t] = c
+                        result = step(gx=gx[t], h=h, c=c, **hidden_params)
+                        h, c = result["h_next"], result["c_next"]
+                    else:
+                        h = step(gx=gx[t], h=h, **hidden_params)["h_next"]
+                    out[t] = h
+                outputs.append(out)
+                h_n.append(h)
+                c_n.append(c)
+                saved.append((x, gx, h_prev, c_prev))
+            x = outputs[0] if len(outputs) == 1 else np.concatenate(outputs, -1)
+        self._saved = (saved, unbatched, steps, batch)
+        output = x[:, 0] if unbatched else (x.transpose(1, 0, 2) if m.batch_first else x)
+        h_n = np.stack(h_n)[:, 0] if unbatched else np.stack(h_n)
+        if not lstm:
+            return np.ascontiguousarray(output), h_n
+        c_n = np.stack(c_n)[:, 0] if unbatched else np.stack(c_n)
+        return np.ascontiguousarray(output), (h_n, c_n)
+
+    def backward(self, grad_output, grad_h_n=None, grad_c_n=None) -> dict[str, np.ndarray]:
+        """Gradients of the last call: {"input", "h0", ("c0"), and every parameter by torch's name}."""
+        m = self.module
+        if self._saved is None:
+            raise UnsupportedError("SequenceRunner.backward: run the sequence forward first")
+        saved, unbatched, steps, batch = self._saved
+        lstm, hidden = m.mode == "LSTM", m.hidden_size
+        d_out = np.asarray(grad_output, dtype=np.float32)
+        width = hidden * m.num_directions
+        expected = (steps, width) if unbatched else ((batch, steps, width) if m.batch_first else (steps, batch, width))
+        if d_out.shape != expected:
+            raise ShapeError(f"{m._name}.backward: expected grad_output of shape {expected}, got {d_out.shape}")
+        d_out = d_out[:, None] if unbatched else (d_out.transpose(1, 0, 2) if m.batch_first else d_out)
+        d_hn = self._states("grad_h_n", grad_h_n, batch, unbatched)
+        d_cn = self._states("grad_c_n", grad_c_n, batch, unbatched) if lstm else None
+        step_backward = self._program("step_backward")
+        grads: dict[str, np.ndarray] = {}
+        d_h0, d_c0 = np.empty_like(d_hn), (np.empty_like(d_cn) if lstm else None)
+        for layer in reversed(range(m.num_layers)):
+            d_input = None
+            for direction, suffix in enumerate(m._suffixes()):
+                k = layer * m.num_directions + direction
+                x, gx, h_prev, c_prev = saved[k]
+                params = self._parameters(layer, suffix)
+                hidden_params = {"weight_hh": params["weight_hh"],
+                                 **({"bias_hh": params["bias_hh"]} if m.bias else {})}
+                d_gx, d_gh = np.empty_like(gx), np.empty_like(gx)
+                dh, dc = d_hn[k], (d_cn[k] if lstm else None)
+                columns = slice(direction * hidden, (direction + 1) * hidden)
+                for t in (range(steps) if direction else range(steps - 1, -1, -1)):  # forward order reversed
+                    inputs = dict(gx=gx[t], h=h_prev[t], d_h_next=np.ascontiguousarray(dh + d_out[t][:, columns]),
+                                  **hidden_params)
+                    if lstm:
+                        inputs.update(c=c_prev[t], d_c_next=dc)
+                    result = step_backward(**inputs)
+                    d_gx[t], d_gh[t], dh = result["d_gx"], result["d_gh"], result["d_h"]
+                    dc = result["d_c"] if lstm else None
+                d_h0[k] = dh
+                if lstm:
+                    d_c0[k] = dc
+                size = self._layer_input(layer)
+                ih = self._program("projection_backward", size)(
+                    x=x, d_g=d_gx, weight_ih=params["weight_ih"], **({"bias_ih": params["bias_ih"]} if m.bias else {}))
+                hh = self._program("hidden_backward", hidden)(x=h_prev, d_g=d_gh, **hidden_params)
+                grads[f"weight_ih_l{layer}{suffix}"] = ih["d_weight"]
+                grads[f"weight_hh_l{layer}{suffix}"] = hh["d_weight"]
+                if m.bias:
+                    grads[f"bias_ih_l{layer}{suffix}"] = ih["d_bias"]
+                    grads[f"bias_hh_l{layer}{suffix}"] = hh["d_bias"]
+                d_input = ih["d_x"] if d_input is None else d_input + ih["d_x"]
+            d_out = d_input
+        d_x = d_out[:, 0] if unbatched else (d_out.transpose(1, 0, 2) if m.batch_first else d_out)
+        result = {"input": np.ascontiguousarray(d_x), "h0": d_h0[:, 0] if unbatched else d_h0}
+        if lstm:
+            result["c0"] = d_c0[:, 0] if unbatched else d_c0
+        order = [name for name, _ in m.named_parameters()]
+        return {**result, **{name: grads[name] for name in order}}
