@@ -1,0 +1,145 @@
+"""Load-time evaluation of nodes whose inputs are all known: the folding of Constant nodes and of
+the shape computations exported models carry (Shape -> Gather -> Concat -> Reshape ...).
+
+Numeric constants are evaluated by the `onnx` package's reference implementation of the op
+(numpy code, run once at load time; the compiled graph never sees these nodes). Shape values
+that hold symbolic dims (object arrays of luminar `Expr`s, made by the Shape op when a dim is a
+`dim_param`) are evaluated here with numpy's object arithmetic, for the ops shape computations
+use; the result is again a shape value, so `Reshape(x, Concat(Shape(x)[0], 64))` becomes a
+static reshape to (batch, 64).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..symbolic import Expr
+from .registry import to_int
+
+# ops that must never be folded: their value is not a function of their inputs alone
+NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                "Bernoulli", "If", "Loop", "Scan", "Constant"}
+
+
+def normalize(value: np.ndarray) -> np.ndarray:
+    """An object array whose entries are all known ints becomes int64 again."""
+    if value.dtype == object:
+        ints = [to_int(v) for v in value.reshape(-1)]
+        if not any(isinstance(v, Expr) for v in ints):
+            return np.array(ints, dtype=np.int64).reshape(value.shape)
+        return np.array(ints, dtype=object).reshape(value.shape)
+    return value
+
+
+def fold(node, inputs: list, attrs: dict, opsets: dict) -> list | None:
+    """The outputs of `node` computed at load time, or None when this node cannot be folded."""
+    if node.op_type in NOT_FOLDABLE or node.domain not in ("", "ai.onnx"):
+        return None
+    if any(isinstance(v, np.ndarray) and v.dtype == object for v in inputs if v is not None):
+        fn = SYMBOLIC.get(node.op_type)
+        if fn is None:
+            return None
+        out = fn(attrs, *inputs)
+        return [normalize(np.asarray(o, dtype=object) if not isinstance(o, np.ndarray) else o)
+                for o in (out if isinstance(out, tuple) else (out,))]
+    return _reference(node, inputs, opsets)
+
+
+def _reference(node, inputs, opsets) -> list | None:
+    from onnx.reference import ReferenceEvaluator
+    feeds = {name: v for name, v in zip(node.input, inputs) if name and v is not None}
+    try:
+        evaluator = ReferenceEvaluator(node, opsets=dict(opsets))
+        out = evaluator.run(None, feeds)
+    except Exception:  # noqa: BLE001  (an op the reference cannot evaluate is built into the graph instead)
+        return None
+    return [np.asarray(v) if v is not None else None for v in out]
+
+
+# -- symbolic shape arithmetic --------------------------------------------------------------------
+def _axis_list(attrs, axes):
+    if axes is not None:
+        return [int(a) for a in np.asarray(axes).reshape(-1)]
+    return list(attrs.get("axes", []))
+
+
+def _gather(attrs, data, indices):
+    return np.take(data, indices.astype(np.int64), axis=attrs.get("axis", 0))
+
+
+def _concat(attrs, *values):
+    return np.concatenate([np.asarray(v, dtype=object).reshape(v.shape) for v in values], axis=attrs["axis"])
+
+
+def _unsqueeze(attrs, data, axes=None):
+    out = data
+    rank = data.ndim + len(_axis_list(attrs, axes))
+    for a in sorted(a % rank for a in _axis_list(attrs, axes)):
+        out = np.expand_dims(out, a)
+    return out
+
+
+def _squeeze(attrs, data, axes=None):
+    axes = _axis_list(attrs, axes)
+    return np.squeeze(data, axis=tuple(a % data.ndim for a in axes) if axes else None)
+
+
+def _slice(attrs, data, starts=None, ends=None, axes=None, steps=None):
+    starts = attrs.get("starts") if starts is None else starts
+    ends = attrs.get("ends") if ends is None else ends
+    axes = list(range(len(np.asarray(starts).reshape(-1)))) if axes is None and "axes" not in attrs \
+        else _axis_list(attrs, axes)
+    steps = [1] * len(axes) if steps is None else [int(s) for s in np.asarray(steps).reshape(-1)]
+    index = [slice(None)] * data.ndim
+    for a, s, e, st in zip(axes, np.asarray(starts).reshape(-1), np.asarray(ends).reshape(-1), steps):
+        index[a % data.ndim] = slice(int(s), int(e), st)
+    return data[tuple(index)]
+
+
+def _reshape(attrs, data, shape):
+    shape = [int(s) for s in np.asarray(shape).reshape(-1)]
+    shape = [data.shape[k] if s == 0 and not attrs.get("allowzero", 0) else s for k, s in enumerate(shape)]
+    return data.reshape(shape)
+
+
+def _binary(fn):
+    return lambda attrs, a, b: np.vectorize(fn, otypes=[object])(a.astype(object), b.astype(object))
+
+
+def _div(a, b):
+    return a // b  # integer shape arithmetic: sizes are non-negative, so floor = truncation
+
+
+SYMBOLIC = {
+    "Identity": lambda attrs, x: x,
+    "Gather": _gather,
+    "Concat": _concat,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Slice": _slice,
+    "Reshape": _reshape,
+    "Flatten": lambda attrs, x: x.reshape(1, -1) if x.ndim else x.reshape(1, 1),
+    "Cast": lambda attrs, x: x,  # shape values stay integers whatever the cast says
+    "Add": _binary(lambda a, b: a + b),
+    "Sub": _binary(lambda a, b: a - b),
+    "Mul": _binary(lambda a, b: a * b),
+    "Div": _binary(_div),
+}
+
+
+def constant_node_value(node, attrs) -> np.ndarray:
+    """The value of a Constant node (any of its value attributes)."""
+    from onnx import numpy_helper
+    for a in node.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t)
+        if a.name == "sparse_value":
+            from onnx.reference import ReferenceEvaluator
+            return ReferenceEvaluator(node).run(None, {})[0]
+    for name, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                        ("value_ints", np.int64)):
+        if name in attrs:
+            return np.array(attrs[name], dtype=dtype)
+    if "value_string" in attrs or "value_strings" in attrs:
+        return np.array(attrs.get("value_string", attrs.get("value_strings")), dtype=object)
+    raise ValueError(f"Constant node {node.name!r} has no value attribute")
+

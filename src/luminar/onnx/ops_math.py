@@ -1,0 +1,456 @@
+"""ONNX elementwise math, activations, comparisons, reductions, softmax and matrix products.
+
+Each op is a composition of luminar GraphTensor ops (which are compositions of the primitives).
+Integer ONNX tensors compute in float32 like everything else; where integer semantics differ
+from float ones (Div truncates, Mod follows the divisor's sign) the composition says so, and
+results keep the ONNX dtype through `Traced`, so the model returns them as integers.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import tensor as lt
+from ..errors import ShapeError, UnsupportedError
+from .registry import dtype_of, is_float, op
+
+BOOL = np.dtype(np.bool_)
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+def _same(ctx, x, tensor):
+    """A result with the dtype of input x."""
+    return ctx.traced(tensor, dtype_of(x))
+
+
+def _unary(name, fn, result_dtype=None):
+    def build(ctx, x):
+        return ctx.traced(fn(ctx.tensor(x)), result_dtype or dtype_of(x))
+    op(name)(build)
+
+
+def _binary(name, fn, result_dtype=None):
+    def build(ctx, a, b):
+        return ctx.traced(fn(ctx.tensor(a), ctx.tensor(b)), result_dtype or dtype_of(a))
+    op(name)(build)
+
+
+def _integer_valued(dtype) -> bool:
+    return np.dtype(dtype).kind in "iub"
+
+
+# -- arithmetic --------------------------------------------------------------------------------------
+_binary("Add", lambda a, b: a + b)
+_binary("Sub", lambda a, b: a - b)
+_binary("Mul", lambda a, b: a * b)
+
+
+@op("Div")
+def div(ctx, a, b):
+    quotient = ctx.tensor(a) / ctx.tensor(b)
+    if _integer_valued(dtype_of(a)):
+        quotient = quotient.trunc()  # C integer division truncates toward zero
+    return _same(ctx, a, quotient)
+
+
+@op("Pow")
+def pow_(ctx, base, exponent):
+    if not isinstance(exponent, np.ndarray) or exponent.size != 1:
+        return _same(ctx, base, ctx.tensor(base).pow(ctx.tensor(exponent)))
+    # a known single exponent: luminar's power picks sqrt or repeated products where it can
+    out = ctx.tensor(base).pow(float(exponent.reshape(-1)[0]))
+    if exponent.ndim > out.ndim:  # a one-element exponent of higher rank still broadcasts
+        out = out.reshape(*([1] * (exponent.ndim - out.ndim)), *out.dims)
+    return _same(ctx, base, out)
+
+
+@op("Mod")
+def mod(ctx, a, b):
+    x, y = ctx.tensor(a), ctx.tensor(b)
+    if ctx.attr("fmod", 0):
+        return _same(ctx, a, x.fmod(y))  # C fmod: the sign of the dividend
+    if is_float(dtype_of(a)):
+        raise UnsupportedError("Mod with fmod=0 is only defined for integers")
+    return _same(ctx, a, x.remainder(y))  # Python's %: the sign of the divisor
+
+
+def _variadic(name, combine, finish=None):
+    def build(ctx, *values):
+        values = [v for v in values if v is not None]
+        if not values:
+            raise ShapeError(f"{name} needs at least one input")
+        out = ctx.tensor(values[0])
+        for v in values[1:]:
+            out = combine(out, ctx.tensor(v))
+        if finish is not None:
+            out = finish(out, len(values))
+        if len(values) == 1:
+            out = out + 0.0
+        return _same(ctx, values[0], out)
+    op(name)(build)
+
+
+_variadic("Sum", lambda a, b: a + b)
+_variadic("Mean", lambda a, b: a + b, lambda out, n: out * (1.0 / n))
+_variadic("Max", lambda a, b: a.maximum(b))
+_variadic("Min", lambda a, b: a.minimum(b))
+
+_unary("Neg", lambda x: -x)
+_unary("Abs", lambda x: x.abs())
+_unary("Sign", lambda x: x.sign())
+_unary("Reciprocal", lambda x: x.reciprocal())
+_unary("Sqrt", lambda x: x.sqrt())
+_unary("Exp", lambda x: x.exp())
+_unary("Log", lambda x: x.log())
+_unary("Floor", lambda x: x.floor())
+_unary("Ceil", lambda x: x.ceil())
+_unary("Round", lambda x: x.round())  # ties to even, as ONNX says
+_unary("Erf", lambda x: x.erf())
+_unary("Identity", lambda x: x)
+
+
+# -- trigonometry and hyperbolic functions -------------------------------------------------------------
+def _atan(x):
+    """arctan by Cephes' atanf: reduce |x| to [0, tan(pi/8)] around 0, pi/4 or pi/2, then a polynomial.
+
+    Each branch's argument is clamped into its own range, so the branches not taken stay finite
+    (selection is arithmetic: 0 * inf would be NaN)."""
+    a = x.abs()
+    big = a.gt(2.414213562373095)
+    mid = a.gt(0.4142135623730950) * (1.0 - big)
+    small = 1.0 - big - mid
+    r_big = -1.0 / a.maximum(2.414213562373095)
+    am = a.minimum(2.5)
+    r_mid = (am - 1.0) / (am + 1.0)
+    r = big * r_big + mid * r_mid + small * a.minimum(0.5)
+    z = r * r
+    poly = (((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1) * z * r + r
+    return x.sign() * (big * (math.pi / 2) + mid * (math.pi / 4) + poly)
+
+
+def _asin(x):
+    # 2 atan(x / (1 + sqrt(1 - x^2))): the denominator is >= 1, so no division blows up at |x| = 1
+    return 2.0 * _atan(x / (1.0 + (1.0 - x * x).sqrt()))
+
+
+_unary("Sin", lambda x: x.sin())
+_unary("Cos", lambda x: x.cos())
+_unary("Tan", lambda x: x.tan())
+_unary("Atan", _atan)
+_unary("Asin", _asin)
+_unary("Acos", lambda x: (math.pi / 2) - _asin(x))
+_unary("Sinh", lambda x: (x.expm1() - (-x).expm1()) * 0.5)
+_unary("Cosh", lambda x: (x.exp() + (-x).exp()) * 0.5)
+_unary("Tanh", lambda x: x.tanh())
+_unary("Asinh", lambda x: x.sign() * (x.abs() + x * x / (1.0 + (x * x + 1.0).sqrt())).log1p())
+_unary("Acosh", lambda x: (x + (x * x - 1.0).sqrt()).log())
+_unary("Atanh", lambda x: 0.5 * (2.0 * x / (1.0 - x)).log1p())
+
+
+# -- activations --------------------------------------------------------------------------------------
+_unary("Relu", lambda x: x.relu())
+_unary("Sigmoid", lambda x: x.sigmoid())
+_unary("Softsign", lambda x: x.softsign())
+_unary("Mish", lambda x: x * x.softplus().tanh())
+_unary("HardSwish", lambda x: x * (x * (1.0 / 6.0) + 0.5).clamp(0.0, 1.0))
+
+
+@op("Softplus")
+def softplus(ctx, x):
+    t = ctx.tensor(x)
+    # log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|)): no overflow for large x
+    return _same(ctx, x, t.relu() + (-t.abs()).exp().log1p())
+
+
+@op("LeakyRelu")
+def leaky_relu(ctx, x):
+    return _same(ctx, x, ctx.tensor(x).leaky_relu(ctx.attr("alpha", 0.01)))
+
+
+@op("PRelu")
+def prelu(ctx, x, slope):
+    t, s = ctx.tensor(x), ctx.tensor(slope)
+    return _same(ctx, x, t.relu() + s * t.minimum(0.0))
+
+
+@op("Elu")
+def elu(ctx, x):
+    return _same(ctx, x, ctx.tensor(x).elu(ctx.attr("alpha", 1.0)))
+
+
+@op("Celu")
+def celu(ctx, x):
+    return _same(ctx, x, ctx.tensor(x).celu(ctx.attr("alpha", 1.0)))
+
+
+@op("Selu")
+def selu(ctx, x):
+    alpha = ctx.attr("alpha", 1.67326319217681884765625)
+    gamma = ctx.attr("gamma", 1.05070102214813232421875)
+    return _same(ctx, x, gamma * ctx.tensor(x).elu(alpha))
+
+
+@op("HardSigmoid")
+def hard_sigmoid(ctx, x):
+    alpha, beta = ctx.attr("alpha", 0.2), ctx.attr("beta", 0.5)
+    return _same(ctx, x, (ctx.tensor(x) * alpha + beta).clamp(0.0, 1.0))
+
+
+@op("ThresholdedRelu")
+def thresholded_relu(ctx, x):
+    t = ctx.tensor(x)
+    return _same(ctx, x, t * t.gt(ctx.attr("alpha", 1.0)))
+
+
+@op("Shrink")
+def shrink(ctx, x):
+    t, bias, lambd = ctx.tensor(x), ctx.attr("bias", 0.0), ctx.attr("lambd", 0.5)
+    return _same(ctx, x, t.lt(-lambd) * (t + bias) + t.gt(lambd) * (t - bias))
+
+
+@op("Gelu")
+def gelu(ctx, x):
+    approximate = ctx.attr("approximate", "none")
+    return _same(ctx, x, ctx.tensor(x).gelu(approximate=approximate))
+
+
+@op("Clip")
+def clip(ctx, x, low=None, high=None):
+    if ctx.opset < 11:
+        low, high = ctx.attr("min"), ctx.attr("max")
+        low = None if low is None or low <= -3.4e38 else low
+        high = None if high is None or high >= 3.4e38 else high
+    t = ctx.tensor(x)
+    if low is not None:
+        t = t.maximum(ctx.tensor(low) if not isinstance(low, float) else low)
+    if high is not None:
+        t = t.minimum(ctx.tensor(high) if not isinstance(high, float) else high)
+    return _same(ctx, x, t + 0.0 if low is None and high is None else t)
+
+
+# -- comparisons and logic ---------------------------------------------------------------------------
+_binary("Equal", lambda a, b: a.eq(b), BOOL)
+_binary("Less", lambda a, b: a.lt(b), BOOL)
+_binary("Greater", lambda a, b: a.gt(b), BOOL)
+_binary("LessOrEqual", lambda a, b: a.le(b), BOOL)
+_binary("GreaterOrEqual", lambda a, b: a.ge(b), BOOL)
+_binary("And", lambda a, b: a.logical_and(b), BOOL)
+_binary("Or", lambda a, b: a.logical_or(b), BOOL)
+_binary("Xor", lambda a, b: a.logical_xor(b), BOOL)
+_unary("Not", lambda x: x.logical_not(), BOOL)
+_unary("IsNaN", lambda x: x.isnan(), BOOL)
+
+
+@op("IsInf")
+def is_inf(ctx, x):
+    t = ctx.tensor(x)
+    inf = t.isinf()
+    if not ctx.attr("detect_negative", 1):
+        inf = inf * t.gt(0.0)
+    if not ctx.attr("detect_positive", 1):
+        inf = inf * t.lt(0.0)
+    return ctx.traced(inf, BOOL)
+
+
+@op("Where")
+def where(ctx, condition, a, b):
+    return ctx.traced(lt.where(ctx.tensor(condition), ctx.tensor(a), ctx.tensor(b)), dtype_of(a))
+
+
+# -- reductions ---------------------------------------------------------------------------------------
+def _reduce_axes(ctx, x, axes_input, axes_from_input: bool):
+    """The axes to reduce (a list; every axis when empty and noop_with_empty_axes is 0), or None for no-op."""
+    rank = ctx.tensor(x).ndim
+    if axes_from_input:
+        axes = [] if axes_input is None else ctx.ints(axes_input, "axes", 1)
+    else:
+        axes = list(ctx.attr("axes", []))
+    if not axes:
+        if ctx.attr("noop_with_empty_axes", 0):
+            return None
+        return list(range(rank))
+    return sorted({int(a) % max(rank, 1) for a in axes})
+
+
+def _reduction(name, fn, axes_input_since=18):
+    def build(ctx, x, axes=None):
+        t = ctx.tensor(x)
+        axes = _reduce_axes(ctx, x, axes, ctx.opset >= axes_input_since)
+        keep = bool(ctx.attr("keepdims", 1))
+        if axes is None:
+            return _same(ctx, x, t + 0.0)
+        if t.ndim == 0:
+            return _same(ctx, x, fn(t.reshape(1), [0], False))
+        for a in axes:
+            if t.dims[a].is_const and t.dims[a].value == 0:
+                raise UnsupportedError(f"{name} over an empty axis is not supported")
+        return _same(ctx, x, fn(t, axes, keep))
+    op(name)(build)
+
+
+def _logsumexp(t, axes, keep):
+    m = t.amax(axes, keepdim=True)
+    out = (t - m).exp().sum(axes, keepdim=True).log() + m
+    return out if keep else out.squeeze(axes)
+
+
+def _product(t, axes, keep):
+    """prod(x) = (-1)^(negatives) * 2^(sum log2 |x|), and 0 if any factor is 0."""
+    zero = t.eq(0.0).amax(axes, keepdim=keep)
+    negatives = t.lt(0.0).sum(axes, keepdim=keep)
+    sign = 1.0 - 2.0 * negatives.fmod(2.0)
+    magnitude = (t.abs() + t.eq(0.0)).log2().sum(axes, keepdim=keep).exp2()
+    return sign * magnitude * (1.0 - zero)
+
+
+_reduction("ReduceSum", lambda t, axes, keep: t.sum(axes, keepdim=keep), axes_input_since=13)
+_reduction("ReduceMean", lambda t, axes, keep: t.mean(axes, keepdim=keep))
+_reduction("ReduceMax", lambda t, axes, keep: t.amax(axes, keepdim=keep))
+_reduction("ReduceMin", lambda t, axes, keep: t.amin(axes, keepdim=keep))
+_reduction("ReduceProd", _product)
+_reduction("ReduceL1", lambda t, axes, keep: t.abs().sum(axes, keepdim=keep))
+_reduction("ReduceL2", lambda t, axes, keep: (t * t).sum(axes, keepdim=keep).sqrt())
+_reduction("ReduceSumSquare", lambda t, axes, keep: (t * t).sum(axes, keepdim=keep))
+_reduction("ReduceLogSum", lambda t, axes, keep: t.sum(axes, keepdim=keep).log())
+_reduction("ReduceLogSumExp", _logsumexp)
+
+
+def _arg_extreme(name, sign):
+    def build(ctx, x):
+        t = ctx.tensor(x) * sign
+        axis = ctx.attr("axis", 0) % max(t.ndim, 1)
+        keep = bool(ctx.attr("keepdims", 1))
+        if ctx.attr("select_last_index", 0):
+            n = t.dims[axis]
+            index = (n - 1) - t.flip(axis).argmax(axis, keepdim=keep) if n.is_const else None
+            if index is None:
+                raise UnsupportedError(f"{name} with select_last_index needs a known axis size")
+        else:
+            index = t.argmax(axis, keepdim=keep)
+        return ctx.traced(index, np.int64)
+    op(name)(build)
+
+
+_arg_extreme("ArgMax", 1.0)
+_arg_extreme("ArgMin", -1.0)
+
+
+@op("CumSum")
+def cumsum(ctx, x, axis):
+    t = ctx.tensor(x)
+    a = ctx.ints(axis, "axis", 1)[0] % t.ndim
+    if ctx.attr("reverse", 0):
+        t = t.flip(a)
+    out = t.cumsum(a)
+    if ctx.attr("exclusive", 0):
+        out = out - t
+    if ctx.attr("reverse", 0):
+        out = out.flip(a)
+    return _same(ctx, x, out)
+
+
+# -- softmax family -----------------------------------------------------------------------------------
+def _softmax_like(name, fn):
+    def build(ctx, x):
+        t = ctx.tensor(x)
+        if ctx.opset >= 13:
+            return _same(ctx, x, fn(t, ctx.attr("axis", -1) % max(t.ndim, 1)))
+        axis = ctx.attr("axis", 1) % max(t.ndim, 1)  # older opsets: flatten to 2-D at axis
+        flat = t.reshape(math.prod(t.dims[:axis]) if axis else 1, -1)
+        return _same(ctx, x, fn(flat, 1).reshape(*t.dims))
+    op(name)(build)
+
+
+def _hardmax(t, axis):
+    """1 at the first maximum along axis, 0 elsewhere."""
+    n = t.dims[axis]
+    positions = t.graph.arange(n).reshape(*[n if k == axis else 1 for k in range(t.ndim)])
+    return t.argmax(axis, keepdim=True).eq(positions)
+
+
+_softmax_like("Softmax", lambda t, axis: t.softmax(axis))
+_softmax_like("LogSoftmax", lambda t, axis: t.log_softmax(axis))
+_softmax_like("Hardmax", _hardmax)
+
+
+# -- matrix products ----------------------------------------------------------------------------------
+@op("MatMul")
+def matmul(ctx, a, b):
+    return _same(ctx, a, ctx.tensor(a) @ ctx.tensor(b))
+
+
+@op("Gemm")
+def gemm(ctx, a, b, c=None):
+    x, y = ctx.tensor(a), ctx.tensor(b)
+    if ctx.attr("transA", 0):
+        x = x.mT
+    if ctx.attr("transB", 0):
+        y = y.mT
+    out = x @ y
+    alpha, beta = ctx.attr("alpha", 1.0), ctx.attr("beta", 1.0)
+    if alpha != 1.0:
+        out = out * alpha
+    if c is not None and beta != 0.0:
+        bias = ctx.tensor(c)
+        out = out + (bias * beta if beta != 1.0 else bias)
+    return _same(ctx, a, out)
+
+
+@op("Einsum")
+def einsum(ctx, *operands):
+    equation = ctx.attr("equation").replace(" ", "")
+    tensors = [ctx.tensor(v) for v in operands]
+    return _same(ctx, operands[0], einsum_tensors(equation, tensors))
+
+
+def einsum_tensors(equation: str, tensors):
+    """Einstein summation as a broadcast product over every letter, then a sum over the letters the
+    output lacks. Each operand is permuted into the common letter order and unsqueezed where it
+    lacks a letter; '...' stands for the same leading batch letters in every operand."""
+    inputs, explicit, output = equation.partition("->")
+    terms = inputs.split(",")
+    if len(terms) != len(tensors):
+        raise ShapeError(f"Einsum: equation {equation!r} has {len(terms)} operands, got {len(tensors)}")
+    ellipsis_rank = max((t.ndim - len(term.replace("...", "")) for term, t in zip(terms, tensors)
+                         if "..." in term), default=0)
+    batch = [chr(0x100 + k) for k in range(ellipsis_rank)]  # letters no equation uses
+
+    def letters(term, rank):
+        if "..." not in term:
+            return list(term)
+        head, tail = term.split("...")
+        own = rank - len(head) - len(tail)
+        return list(head) + batch[ellipsis_rank - own:] + list(tail)
+
+    spelled = [letters(term, t.ndim) for term, t in zip(terms, tensors)]
+    for term, t in zip(spelled, tensors):
+        if len(term) != t.ndim:
+            raise ShapeError(f"Einsum: operand {''.join(term)!r} of equation {equation!r} has rank {t.ndim}")
+        if len(set(term)) != len(term):
+            raise UnsupportedError(f"Einsum: repeated index within one operand ({equation!r}) is not supported")
+    if not explicit:
+        counts = {}
+        for term in spelled:
+            for c in term:
+                counts[c] = counts.get(c, 0) + 1
+        out_letters = [c for c in batch] + sorted(c for c, n in counts.items() if n == 1 and c not in batch)
+    else:
+        out_letters = letters(output, len(batch) + len(output.replace("...", "")))
+    every = list(out_letters) + [c for term in spelled for c in term if c not in out_letters]
+    every = list(dict.fromkeys(every))
+    product = None
+    for term, t in zip(spelled, tensors):
+        order = [term.index(c) for c in every if c in term]
+        v = t.permute(*order) if order else t
+        shape, k = [], 0
+        for c in every:
+            if c in term:
+                shape.append(v.dims[k])
+                k += 1
+            else:
+                shape.append(1)
+        v = v.reshape(*shape)
+        product = v if product is None else product * v
+    reduced = [k for k, c in enumerate(every) if c not in out_letters]
+    return product.sum(reduced) if reduced else product + 0.0

@@ -1,0 +1,416 @@
+"""ONNX convolution, pooling, normalization and resizing, composed of luminar ops.
+
+- Conv pads the input itself (ONNX pads may be asymmetric; auto_pad computes them) and calls
+  luminar's convNd with no padding. ConvTranspose is a convolution of the stride-dilated input
+  (zeros inserted by a pad of a new unit axis: a view) with the flipped, transposed kernel.
+- Pooling reads windows through `unfold` views of the padded input.
+- BatchNormalization with known statistics folds into one multiply-add per channel.
+- Resize and Upsample are separable: each resized axis is a matmul with an interpolation
+  matrix (out, in) computed at load time by running the `onnx` package's reference op on an
+  identity basis, so every mode, coordinate transform, exclude_outside and antialias setting
+  means exactly what ONNX says. A nearest resize by an integer factor that only repeats
+  elements is a broadcast view instead.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from ..library import nn_ops
+from ..symbolic import Expr
+from .registry import dtype_of, is_const, op, to_int
+
+_NEG_BIG = -3.0e38
+
+
+def _same(ctx, x, tensor):
+    return ctx.traced(tensor, dtype_of(x))
+
+
+def _known(dims, what):
+    out = [to_int(d) for d in dims]
+    if any(isinstance(d, Expr) for d in out):
+        raise UnsupportedError(f"{what} needs known spatial sizes, got {out}")
+    return out
+
+
+def _pads(ctx, spatial, kernel, strides, dilations):
+    """(before, after) per spatial dim from pads or auto_pad (ONNX conventions)."""
+    n = len(kernel)
+    auto = ctx.attr("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        sizes = _known(spatial, f"auto_pad={auto}")
+        out = []
+        for size, k, s, d in zip(sizes, kernel, strides, dilations):
+            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+            small = total // 2
+            out.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
+        return out
+    if auto == "VALID":
+        return [(0, 0)] * n
+    pads = list(ctx.attr("pads", [0] * (2 * n)))
+    return list(zip(pads[:n], pads[n:]))
+
+
+def _pad_tensor(t, pads, value=0.0):
+    flat = []
+    for before, after in reversed(pads):
+        flat += [before, after]
+    return t.pad(flat, value=value) if any(flat) else t
+
+
+def _conv_nd(x, w, bias, strides, dilations, groups):
+    n = w.ndim - 2
+    fn = {1: nn_ops.conv1d, 2: nn_ops.conv2d, 3: nn_ops.conv3d}.get(n)
+    if fn is None:
+        raise UnsupportedError(f"{n}-D convolution")
+    return fn(x, w, bias, stride=strides, padding=0, dilation=dilations, groups=groups)
+
+
+def _geometry(ctx, w_dims, n):
+    kernel = list(ctx.attr("kernel_shape") or _known(w_dims[2:], "the kernel"))
+    strides = list(ctx.attr("strides", [1] * n))
+    dilations = list(ctx.attr("dilations", [1] * n))
+    return kernel, strides, dilations
+
+
+@op("Conv")
+def conv(ctx, x, w, b=None):
+    t, weight = ctx.tensor(x), ctx.tensor(w)
+    n = weight.ndim - 2
+    kernel, strides, dilations = _geometry(ctx, weight.dims, n)
+    pads = _pads(ctx, t.dims[2:], kernel, strides, dilations)
+    bias = None if b is None else ctx.tensor(b)
+    out = _conv_nd(_pad_tensor(t, pads), weight, bias, strides, dilations, ctx.attr("group", 1))
+    return _same(ctx, x, out)
+
+
+def _dilate(t, axis, stride):
+    """Insert stride - 1 zeros between the elements along axis (a pad of a new unit axis: a view)."""
+    if stride == 1:
+        return t
+    n = to_int(t.dims[axis])
+    dims = list(t.dims)
+    spread = t.reshape(*dims[:axis + 1], 1, *dims[axis + 1:])
+    flat = []
+    for k in reversed(range(spread.ndim)):
+        flat += [0, stride - 1] if k == axis + 1 else [0, 0]
+    spread = spread.pad(flat).reshape(*dims[:axis], n * stride, *dims[axis + 1:])
+    return spread.narrow(axis, 0, (n - 1) * stride + 1)
+
+
+@op("ConvTranspose")
+def conv_transpose(ctx, x, w, b=None):
+    t, weight = ctx.tensor(x), ctx.tensor(w)
+    n = weight.ndim - 2
+    groups = ctx.attr("group", 1)
+    kernel, strides, dilations = _geometry(ctx, weight.dims, n)
+    sizes = _known(t.dims[2:], "ConvTranspose")
+    out_pad = list(ctx.attr("output_padding", [0] * n))
+    full = [(i - 1) * s + (k - 1) * d + 1 + op_ for i, s, k, d, op_ in zip(sizes, strides, kernel, dilations, out_pad)]
+    auto = ctx.attr("auto_pad", "NOTSET")
+    if ctx.attr("output_shape"):
+        target = list(ctx.attr("output_shape"))[-n:]
+        totals = [f - o for f, o in zip(full, target)]
+        pads = [(tot // 2, tot - tot // 2) if auto != "SAME_LOWER" else (tot - tot // 2, tot // 2) for tot in totals]
+    elif auto in ("SAME_UPPER", "SAME_LOWER"):
+        totals = [f - i * s for f, i, s in zip(full, sizes, strides)]
+        pads = [(tot // 2, tot - tot // 2) if auto == "SAME_UPPER" else (tot - tot // 2, tot // 2) for tot in totals]
+    elif auto == "VALID":
+        pads = [(0, 0)] * n
+    else:
+        p = list(ctx.attr("pads", [0] * (2 * n)))
+        pads = list(zip(p[:n], p[n:]))
+    for k in range(n):
+        t = _dilate(t, 2 + k, strides[k])
+    # the input gradient of a convolution: pad by the kernel's reach minus the forward padding
+    reach = [(k - 1) * d for k, d in zip(kernel, dilations)]
+    t = _pad_tensor(t, [(r - pb, r - pe + op_) for r, (pb, pe), op_ in zip(reach, pads, out_pad)])
+    c_in, m_per_group = to_int(weight.dims[0]), to_int(weight.dims[1])
+    flipped = weight.flip(list(range(2, 2 + n)))
+    flipped = flipped.reshape(groups, c_in // groups, m_per_group, *kernel).transpose(1, 2)
+    flipped = flipped.reshape(groups * m_per_group, c_in // groups, *kernel)
+    bias = None if b is None else ctx.tensor(b)
+    return _same(ctx, x, _conv_nd(t, flipped, bias, [1] * n, dilations, groups))
+
+
+# -- pooling ----------------------------------------------------------------------------------------
+def _pool_windows(ctx, t, value, count_pads: bool):
+    """The windows (..., *out, *kernel) of the padded input, and the pads used (ceil_mode included)."""
+    n = t.ndim - 2
+    kernel = list(ctx.attr("kernel_shape"))
+    strides = list(ctx.attr("strides", [1] * n))
+    dilations = list(ctx.attr("dilations", [1] * n))
+    pads = _pads(ctx, t.dims[2:], kernel, strides, dilations)
+    overhang = [0] * n
+    if ctx.attr("ceil_mode", 0):
+        sizes = _known(t.dims[2:], "ceil_mode")
+        for k, (size, kk, s, d, (pb, pe)) in enumerate(zip(sizes, kernel, strides, dilations, pads)):
+            span = size + pb + pe - (kk - 1) * d - 1
+            out = -(-span // s) + 1
+            if (out - 1) * s >= size + pb:  # the last window must start inside the input or the left pad
+                out -= 1
+            overhang[k] = max(0, (out - 1) * s - span)
+    full = [(pb, pe + o) for (pb, pe), o in zip(pads, overhang)]
+    windows = _pad_tensor(t, full, value)
+    for k in range(n):
+        windows = windows.unfold(2 + k, kernel[k], strides[k], dilations[k])
+    return windows, pads, overhang, kernel, strides, dilations
+
+
+@op("MaxPool")
+def max_pool(ctx, x):
+    if len([o for o in ctx.node.output if o]) > 1:
+        raise UnsupportedError("MaxPool's Indices output is not supported")
+    t = ctx.tensor(x)
+    windows, *_ = _pool_windows(ctx, t, _NEG_BIG, False)
+    n = t.ndim - 2
+    return _same(ctx, x, windows.amax(tuple(range(-n, 0))))
+
+
+@op("AveragePool")
+def average_pool(ctx, x):
+    t = ctx.tensor(x)
+    n = t.ndim - 2
+    windows, pads, overhang, kernel, strides, dilations = _pool_windows(ctx, t, 0.0, False)
+    axes = tuple(range(-n, 0))
+    total = windows.sum(axes)
+    if ctx.attr("count_include_pad", 0) and not any(overhang):
+        return _same(ctx, x, total * (1.0 / math.prod(kernel)))
+    ones = ctx.graph.constant(1.0, t.dims[2:])
+    if ctx.attr("count_include_pad", 0):
+        ones = _pad_tensor(ones, pads, 1.0)
+        ones = _pad_tensor(ones, [(0, o) for o in overhang])
+    else:
+        ones = _pad_tensor(ones, [(pb, pe + o) for (pb, pe), o in zip(pads, overhang)])
+    for k in range(n):
+        ones = ones.unfold(k, kernel[k], strides[k], dilations[k])
+    return _same(ctx, x, total / ones.sum(axes))
+
+
+@op("LpPool")
+def lp_pool(ctx, x):
+    t = ctx.tensor(x)
+    p = float(ctx.attr("p", 2))
+    n = t.ndim - 2
+    windows, *_ = _pool_windows(ctx, t.abs().pow(p), 0.0, False)
+    return _same(ctx, x, windows.sum(tuple(range(-n, 0))).pow(1.0 / p))
+
+
+def _global(name, fn):
+    def build(ctx, x):
+        t = ctx.tensor(x)
+        return _same(ctx, x, fn(t, tuple(range(2, t.ndim)), ctx))
+    op(name)(build)
+
+
+_global("GlobalAveragePool", lambda t, axes, ctx: t.mean(axes, keepdim=True))
+_global("GlobalMaxPool", lambda t, axes, ctx: t.amax(axes, keepdim=True))
+_global("GlobalLpPool", lambda t, axes, ctx: t.abs().pow(float(ctx.attr("p", 2))).sum(axes, keepdim=True)
+        .pow(1.0 / ctx.attr("p", 2)))
+
+
+# -- normalization ----------------------------------------------------------------------------------
+def _channel(v, rank):
+    """A per-channel vector (C,) shaped to broadcast over (N, C, *spatial)."""
+    return v.reshape(-1, *([1] * (rank - 2)))
+
+
+@op("BatchNormalization")
+def batch_norm(ctx, x, scale, bias, mean, var):
+    t = ctx.tensor(x)
+    eps = ctx.attr("epsilon", 1e-5)
+    training = ctx.attr("training_mode", 0) or (ctx.opset < 9 and not ctx.attr("is_test", 1) and ctx.opset < 7)
+    if training:
+        axes = (0, *range(2, t.ndim))
+        batch_mean = t.mean(axes, keepdim=True)
+        batch_var = ((t - batch_mean) * (t - batch_mean)).mean(axes, keepdim=True)
+        y = (t - batch_mean) / (batch_var + eps).sqrt() * _channel(ctx.tensor(scale), t.ndim) \
+            + _channel(ctx.tensor(bias), t.ndim)
+        momentum = ctx.attr("momentum", 0.9)
+        running_mean = ctx.tensor(mean) * momentum + batch_mean.reshape(-1) * (1 - momentum)
+        running_var = ctx.tensor(var) * momentum + batch_var.reshape(-1) * (1 - momentum)
+        return _same(ctx, x, y), _same(ctx, x, running_mean), _same(ctx, x, running_var)
+    if all(is_const(v) for v in (scale, bias, mean, var)):
+        # known statistics: y = x * a + b per channel, a and b computed once here
+        a = (scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + eps))
+        shift = bias.astype(np.float64) - mean.astype(np.float64) * a
+        a_t = ctx.tensor(a.astype(np.float32))
+        b_t = ctx.tensor(shift.astype(np.float32))
+        return _same(ctx, x, t * _channel(a_t, t.ndim) + _channel(b_t, t.ndim))
+    inv = (ctx.tensor(var) + eps).sqrt().reciprocal() * ctx.tensor(scale)
+    y = (t - _channel(ctx.tensor(mean), t.ndim)) * _channel(inv, t.ndim) + _channel(ctx.tensor(bias), t.ndim)
+    return _same(ctx, x, y)
+
+
+def _normalize(t, axes, eps):
+    mean = t.mean(axes, keepdim=True)
+    centered = t - mean
+    var = (centered * centered).mean(axes, keepdim=True)
+    inv = (var + eps).sqrt().reciprocal()
+    return centered * inv, mean, inv
+
+
+@op("InstanceNormalization")
+def instance_norm(ctx, x, scale, bias):
+    t = ctx.tensor(x)
+    y, _, _ = _normalize(t, tuple(range(2, t.ndim)), ctx.attr("epsilon", 1e-5))
+    return _same(ctx, x, y * _channel(ctx.tensor(scale), t.ndim) + _channel(ctx.tensor(bias), t.ndim))
+
+
+@op("LayerNormalization")
+def layer_norm(ctx, x, scale, bias=None):
+    t = ctx.tensor(x)
+    axis = ctx.attr("axis", -1) % t.ndim
+    axes = tuple(range(axis, t.ndim))
+    y, mean, inv = _normalize(t, axes, ctx.attr("epsilon", 1e-5))
+    y = y * ctx.tensor(scale)
+    if bias is not None:
+        y = y + ctx.tensor(bias)
+    stats = np.float32
+    return _same(ctx, x, y), ctx.traced(mean, stats), ctx.traced(inv, stats)
+
+
+@op("GroupNormalization")
+def group_norm(ctx, x, scale, bias):
+    t = ctx.tensor(x)
+    groups = ctx.attr("num_groups")
+    n, c = t.dims[0], to_int(t.dims[1])
+    grouped = t.reshape(n, groups, -1)
+    y, _, _ = _normalize(grouped, (2,), ctx.attr("epsilon", 1e-5))
+    y = y.reshape(*t.dims)
+    s, b = ctx.tensor(scale), ctx.tensor(bias)
+    if to_int(s.dims[0]) != c:  # opset 18: one scale per group
+        s = s.reshape(groups, 1).expand(groups, c // groups).reshape(c)
+        b = b.reshape(groups, 1).expand(groups, c // groups).reshape(c)
+    return _same(ctx, x, y * _channel(s, t.ndim) + _channel(b, t.ndim))
+
+
+@op("LRN")
+def lrn(ctx, x):
+    t = ctx.tensor(x)
+    size = ctx.attr("size")
+    alpha, beta, bias = ctx.attr("alpha", 1e-4), ctx.attr("beta", 0.75), ctx.attr("bias", 1.0)
+    before, after = (size - 1) // 2, size - 1 - (size - 1) // 2
+    squares = _pad_tensor((t * t).transpose(1, -1), [(before, after)]).unfold(t.ndim - 1, size, 1).sum(-1)
+    squares = squares.transpose(1, -1)
+    return _same(ctx, x, t / (bias + (alpha / size) * squares).pow(beta))
+
+
+@op("MeanVarianceNormalization")
+def mean_variance_norm(ctx, x):
+    t = ctx.tensor(x)
+    axes = tuple(a % t.ndim for a in ctx.attr("axes", [0, 2, 3]))
+    mean = t.mean(axes, keepdim=True)
+    var = (t * t).mean(axes, keepdim=True) - mean * mean
+    return _same(ctx, x, (t - mean) / (var.sqrt() + 1e-9))
+
+
+@op("LpNormalization")
+def lp_normalization(ctx, x):
+    t = ctx.tensor(x)
+    axis, p = ctx.attr("axis", -1), ctx.attr("p", 2)
+    norm = t.abs().sum(axis, keepdim=True) if p == 1 else (t * t).sum(axis, keepdim=True).sqrt()
+    return _same(ctx, x, t / norm)
+
+
+# -- resizing ---------------------------------------------------------------------------------------
+def _interpolation_matrix(ctx, length: int, out: int, scale, roi_pair, size_given: bool):
+    """(out, length) matrix M and offset row b with resize(v) = M @ v + b along one axis,
+    computed by the onnx reference op on an identity basis (exact ONNX semantics)."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+    node = ctx.node
+    attrs = {k: v for k, v in ctx.attrs.items() if k not in ("axes", "keep_aspect_ratio_policy")}
+    op_type = node.op_type
+    if op_type == "Upsample":  # Upsample = Resize with asymmetric coordinates (as its spec says)
+        op_type, opset = "Resize", 11
+        attrs = {"mode": attrs.get("mode", "nearest"), "coordinate_transformation_mode": "asymmetric",
+                 "nearest_mode": "floor"}
+    else:
+        opset = ctx.opset
+    if opset < 11:
+        inputs = ["X", "scales"]
+    else:
+        inputs = ["X", "roi", "scales"] if not size_given else ["X", "roi", "", "sizes"]
+    resize = helper.make_node(op_type, inputs, ["Y"], **attrs)
+    evaluator = ReferenceEvaluator(resize, opsets={"": max(opset, 10)})
+    feeds = {}
+    if opset >= 11:
+        feeds["roi"] = np.array([0.0, roi_pair[0], 1.0, roi_pair[1]], dtype=np.float32) if roi_pair else \
+            np.array([], dtype=np.float32)
+    if size_given:
+        feeds["sizes"] = np.array([length, out], dtype=np.int64)
+    else:
+        feeds["scales"] = np.array([1.0, scale], dtype=np.float32)
+    basis = evaluator.run(None, {**feeds, "X": np.eye(length, dtype=np.float32)})[0]
+    offset = evaluator.run(None, {**feeds, "X": np.zeros((length, length), dtype=np.float32)})[0][0]
+    return (basis - offset).T, offset  # basis[i, o] = M[o, i] + b[o]
+
+
+def _repeat_view(t, axis, factor):
+    dims = list(t.dims)
+    expanded = t.reshape(*dims[:axis + 1], 1, *dims[axis + 1:])
+    expanded = expanded.expand(*dims[:axis + 1], factor, *dims[axis + 1:])
+    return expanded.reshape(*dims[:axis], dims[axis] * factor, *dims[axis + 1:])
+
+
+def _resize(ctx, x, roi, scales, sizes):
+    t = ctx.tensor(x)
+    rank = t.ndim
+    axes = [a % rank for a in ctx.attr("axes", range(rank))]
+    lengths = _known([t.dims[a] for a in axes], ctx.node.op_type)
+    if sizes is not None and np.asarray(ctx.const(sizes, "sizes", 3)).size:
+        outs = [int(v) for v in ctx.ints(sizes, "sizes", 3)]
+        policy = ctx.attr("keep_aspect_ratio_policy", "stretch")
+        if policy != "stretch":
+            ratios = [o / i for o, i in zip(outs, lengths)]
+            r = min(ratios) if policy == "not_larger" else max(ratios)
+            outs = [int(np.floor(i * r + 0.5)) for i in lengths]
+            factors, size_given = [r] * len(axes), False
+        else:
+            factors, size_given = [o / i for o, i in zip(outs, lengths)], True
+    else:
+        factors = [float(v) for v in np.asarray(ctx.const(scales, "scales", 2)).reshape(-1)]
+        if len(factors) == rank and len(axes) != rank:
+            factors = [factors[a] for a in axes]
+        outs = [int(np.floor(i * f)) for i, f in zip(lengths, factors)]
+        size_given = False
+    roi_values = None
+    if roi is not None and is_const(roi) and roi.size:
+        r = roi.astype(np.float64).reshape(-1)
+        roi_values = list(zip(r[:len(r) // 2], r[len(r) // 2:]))
+        if len(roi_values) == rank and len(axes) != rank:
+            roi_values = [roi_values[a] for a in axes]
+    for k, (axis, length, out, factor) in enumerate(zip(axes, lengths, outs, factors)):
+        pair = None if roi_values is None or ctx.attr("coordinate_transformation_mode") != "tf_crop_and_resize" \
+            else roi_values[k]
+        if out == length and factor == 1.0 and pair is None:
+            continue
+        matrix, offset = _interpolation_matrix(ctx, length, out, factor, pair, size_given)
+        if out % length == 0 and np.array_equal(matrix, np.repeat(np.eye(length), out // length, axis=0)) \
+                and not offset.any():
+            t = _repeat_view(t, axis, out // length)
+            continue
+        moved = t.transpose(axis, -1) @ ctx.tensor(matrix.T.astype(np.float32))
+        if offset.any():
+            moved = moved + ctx.tensor(offset.astype(np.float32))
+        t = moved.transpose(axis, -1)
+    return _same(ctx, x, t + 0.0 if t is ctx.tensor(x) else t)
+
+
+@op("Resize")
+def resize(ctx, x, roi=None, scales=None, sizes=None):
+    if ctx.opset < 11:  # Resize-10: (X, scales)
+        return _resize(ctx, x, None, roi, None)
+    return _resize(ctx, x, roi, scales, sizes)
+
+
+@op("Upsample")
+def upsample(ctx, x, scales=None):
+    if ctx.opset < 9:
+        scales = np.array(ctx.attr("scales"), dtype=np.float32)
+    return _resize(ctx, x, None, scales, None)
+
