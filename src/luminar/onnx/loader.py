@@ -124,11 +124,10 @@ class Builder:
         self._names: set[str] = set()
         self.input_names: dict[str, str] = {}  # ONNX input name -> luminar input name
         self.env_stack: list[dict] = []
-        self._node_index: dict[int, int] = {}
 
     # -- naming and description -------------------------------------------------------------------
-    def describe(self, node, opset) -> str:
-        label = node.name or f"#{self._node_index.get(id(node), '?')}"
+    def describe(self, node, opset, index=None) -> str:
+        label = node.name or f"#{index if index is not None else '?'}"
         domain = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
         return f"{self.model_name}: node {label!r} ({domain}{node.op_type}, opset {opset})"
 
@@ -259,21 +258,21 @@ class Builder:
 
     def run_graph(self, graph_proto, env: dict) -> None:
         """Build every node of `graph_proto` into `env` (name -> value), in order."""
-        self._node_index = {id(n): k for k, n in enumerate(graph_proto.node)}
         self.env_stack.append(env)
         try:
-            for node in graph_proto.node:
-                self.run_node(node, env)
+            for index, node in enumerate(graph_proto.node):
+                self.run_node(node, env, index)
         finally:
             self.env_stack.pop()
 
-    def run_node(self, node, env: dict) -> None:
+    def run_node(self, node, env: dict, index: int) -> None:
         domain = "" if node.domain == "ai.onnx" else node.domain
         opset = self.opsets.get(domain)
         if opset is None:
-            raise UnsupportedError(f"{self.describe(node, '?')}: domain {domain!r} is not imported by the model "
+            raise UnsupportedError(f"{self.describe(node, '?', index)}: domain {domain!r} is not imported by the model "
                                    f"(imports: {sorted(self.opsets)})")
-        where = self.describe(node, opset)
+        where = self.describe(node, opset, index)
+        self.current = where
         inputs = []
         for name in node.input:
             if not name:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import tensor as lt
 from ..errors import ShapeError, UnsupportedError
-from .registry import dtype_of, is_float, op
+from .registry import dtype_of, is_float, known_dims, op
 
 BOOL = np.dtype(np.bool_)
 
@@ -273,7 +273,7 @@ def _reduce_axes(ctx, x, axes_input, axes_from_input: bool):
     return sorted({int(a) % max(rank, 1) for a in axes})
 
 
-def _reduction(name, fn, axes_input_since=18):
+def _reduction(name, fn, empty=0.0, axes_input_since=18):
     def build(ctx, x, axes=None):
         t = ctx.tensor(x)
         axes = _reduce_axes(ctx, x, axes, ctx.opset >= axes_input_since)
@@ -282,9 +282,12 @@ def _reduction(name, fn, axes_input_since=18):
             return _same(ctx, x, t + 0.0)
         if t.ndim == 0:
             return _same(ctx, x, fn(t.reshape(1), [0], False))
-        for a in axes:
-            if t.dims[a].is_const and t.dims[a].value == 0:
-                raise UnsupportedError(f"{name} over an empty axis is not supported")
+        if any(t.dims[a].is_const and t.dims[a].value == 0 for a in axes):
+            # an empty reduction is the operation's identity (0 for sums, -inf for max, ...)
+            shape = [1 if k in axes else d for k, d in enumerate(known_dims(t.dims, name))]
+            if not keep:
+                shape = [d for k, d in enumerate(shape) if k not in axes]
+            return _same(ctx, x, ctx.tensor(np.full(shape, empty, dtype=np.float32)))
         return _same(ctx, x, fn(t, axes, keep))
     op(name)(build)
 
@@ -306,14 +309,14 @@ def _product(t, axes, keep):
 
 _reduction("ReduceSum", lambda t, axes, keep: t.sum(axes, keepdim=keep), axes_input_since=13)
 _reduction("ReduceMean", lambda t, axes, keep: t.mean(axes, keepdim=keep))
-_reduction("ReduceMax", lambda t, axes, keep: t.amax(axes, keepdim=keep))
-_reduction("ReduceMin", lambda t, axes, keep: t.amin(axes, keepdim=keep))
-_reduction("ReduceProd", _product)
+_reduction("ReduceMax", lambda t, axes, keep: t.amax(axes, keepdim=keep), -np.inf)
+_reduction("ReduceMin", lambda t, axes, keep: t.amin(axes, keepdim=keep), np.inf)
+_reduction("ReduceProd", _product, 1.0)
 _reduction("ReduceL1", lambda t, axes, keep: t.abs().sum(axes, keepdim=keep))
 _reduction("ReduceL2", lambda t, axes, keep: (t * t).sum(axes, keepdim=keep).sqrt())
 _reduction("ReduceSumSquare", lambda t, axes, keep: (t * t).sum(axes, keepdim=keep))
-_reduction("ReduceLogSum", lambda t, axes, keep: t.sum(axes, keepdim=keep).log())
-_reduction("ReduceLogSumExp", _logsumexp)
+_reduction("ReduceLogSum", lambda t, axes, keep: t.sum(axes, keepdim=keep).log(), -np.inf)
+_reduction("ReduceLogSumExp", _logsumexp, -np.inf)
 
 
 def _arg_extreme(name, sign):
@@ -323,9 +326,9 @@ def _arg_extreme(name, sign):
         keep = bool(ctx.attr("keepdims", 1))
         if ctx.attr("select_last_index", 0):
             n = t.dims[axis]
-            index = (n - 1) - t.flip(axis).argmax(axis, keepdim=keep) if n.is_const else None
-            if index is None:
+            if not n.is_const:
                 raise UnsupportedError(f"{name} with select_last_index needs a known axis size")
+            index = float(n.value - 1) - t.flip(axis).argmax(axis, keepdim=keep)
         else:
             index = t.argmax(axis, keepdim=keep)
         return ctx.traced(index, np.int64)
@@ -454,3 +457,59 @@ def einsum_tensors(equation: str, tensors):
         product = v if product is None else product * v
     reduced = [k for k, c in enumerate(every) if c not in out_letters]
     return product.sum(reduced) if reduced else product + 0.0
+
+
+@op("CumProd")
+def cumprod(ctx, x, axis):
+    t = ctx.tensor(x)
+    a = ctx.ints(axis, "axis", 1)[0] % t.ndim
+    n = known_dims(t.dims[a:a + 1], "CumProd")[0]
+    moved = t.transpose(a, -1)
+    if ctx.attr("reverse", 0):
+        moved = moved.flip(-1)
+    if ctx.attr("exclusive", 0):  # shift right by one, a 1 in front
+        moved = moved.narrow(-1, 0, n - 1).pad((1, 0), value=1.0)
+    windows = moved.pad((n - 1, 0), value=1.0).unfold(-1, n, 1)  # (..., n, n): the prefix ending at each i
+    out = _product(windows, [windows.ndim - 1], False)
+    if ctx.attr("reverse", 0):
+        out = out.flip(-1)
+    return _same(ctx, x, out.transpose(a, -1))
+
+
+@op("TopK")
+def top_k(ctx, x, k):
+    t = ctx.tensor(x)
+    count = ctx.ints(k, "k", 1)[0]
+    axis = ctx.attr("axis", -1) % t.ndim
+    n = known_dims(t.dims[axis:axis + 1], "TopK")[0]
+    sign = 1.0 if ctx.attr("largest", 1) else -1.0
+    work = t * sign
+    positions = ctx.graph.arange(n).reshape(*[n if d == axis else 1 for d in range(t.ndim)])
+    values, indices = [], []
+    for _ in range(count):  # pick the extreme (the lowest index among ties), then rule it out
+        index = work.argmax(axis, keepdim=True)
+        hot = positions.eq(index)
+        values.append((hot * t).sum(axis, keepdim=True))
+        indices.append(index)
+        work = work * (1.0 - hot) + hot * -3.0e38
+    from ..library.indexing import cat
+    return _same(ctx, x, cat(values, axis)), ctx.traced(cat(indices, axis), np.int64)
+
+
+@op("NegativeLogLikelihoodLoss")
+def nll_loss(ctx, log_probs, target, weight=None):
+    from ..library.losses import nll_loss as nll
+    w = None if weight is None else ctx.tensor(weight)
+    loss = nll(ctx.tensor(log_probs), ctx.tensor(target), weight=w, ignore_index=ctx.attr("ignore_index", -100),
+               reduction=ctx.attr("reduction", "mean"))
+    return _same(ctx, log_probs, loss)
+
+
+@op("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy(ctx, scores, labels, weight=None):
+    from ..library.losses import nll_loss as nll
+    log_probs = ctx.tensor(scores).log_softmax(1)
+    w = None if weight is None else ctx.tensor(weight)
+    loss = nll(log_probs, ctx.tensor(labels), weight=w, ignore_index=ctx.attr("ignore_index", -100),
+               reduction=ctx.attr("reduction", "mean"))
+    return _same(ctx, scores, loss), _same(ctx, scores, log_probs)

@@ -19,8 +19,8 @@ import numpy as np
 
 from ..errors import UnsupportedError
 from ..library import nn_ops
-from ..symbolic import Expr
-from .registry import dtype_of, is_const, op, to_int
+from ..library.indexing import cat as lm_cat
+from .registry import dtype_of, is_const, known_dims, op, to_int
 
 _NEG_BIG = -3.0e38
 
@@ -29,11 +29,7 @@ def _same(ctx, x, tensor):
     return ctx.traced(tensor, dtype_of(x))
 
 
-def _known(dims, what):
-    out = [to_int(d) for d in dims]
-    if any(isinstance(d, Expr) for d in out):
-        raise UnsupportedError(f"{what} needs known spatial sizes, got {out}")
-    return out
+_known = known_dims
 
 
 def _pads(ctx, spatial, kernel, strides, dilations):
@@ -111,13 +107,14 @@ def conv_transpose(ctx, x, w, b=None):
     out_pad = list(ctx.attr("output_padding", [0] * n))
     full = [(i - 1) * s + (k - 1) * d + 1 + op_ for i, s, k, d, op_ in zip(sizes, strides, kernel, dilations, out_pad)]
     auto = ctx.attr("auto_pad", "NOTSET")
-    if ctx.attr("output_shape"):
-        target = list(ctx.attr("output_shape"))[-n:]
+    target = list(ctx.attr("output_shape", []))[-n:] or None
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        target = target or [i * s for i, s in zip(sizes, strides)]
         totals = [f - o for f, o in zip(full, target)]
-        pads = [(tot // 2, tot - tot // 2) if auto != "SAME_LOWER" else (tot - tot // 2, tot // 2) for tot in totals]
-    elif auto in ("SAME_UPPER", "SAME_LOWER"):
-        totals = [f - i * s for f, i, s in zip(full, sizes, strides)]
         pads = [(tot // 2, tot - tot // 2) if auto == "SAME_UPPER" else (tot - tot // 2, tot // 2) for tot in totals]
+    elif target:  # explicit output_shape: pad (or crop) at the end to reach it, as the reference does
+        p = list(ctx.attr("pads", [0] * (2 * n)))
+        pads = [(b, f - b - o) for b, f, o in zip(p[:n], full, target)]
     elif auto == "VALID":
         pads = [(0, 0)] * n
     else:
@@ -368,8 +365,10 @@ def _resize(ctx, x, roi, scales, sizes):
         if policy != "stretch":
             ratios = [o / i for o, i in zip(outs, lengths)]
             r = min(ratios) if policy == "not_larger" else max(ratios)
+            # (the reference then maps coordinates with r; here each axis uses out / in, which
+            # differs only when rounding changed the size)
             outs = [int(np.floor(i * r + 0.5)) for i in lengths]
-            factors, size_given = [r] * len(axes), False
+            factors, size_given = [o / i for o, i in zip(outs, lengths)], True
         else:
             factors, size_given = [o / i for o, i in zip(outs, lengths)], True
     else:
@@ -379,6 +378,8 @@ def _resize(ctx, x, roi, scales, sizes):
         outs = [int(np.floor(i * f)) for i, f in zip(lengths, factors)]
         size_given = False
     roi_values = None
+    if ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize":
+        roi = ctx.const(roi, "roi", 1)
     if roi is not None and is_const(roi) and roi.size:
         r = roi.astype(np.float64).reshape(-1)
         roi_values = list(zip(r[:len(r) // 2], r[len(r) // 2:]))
@@ -414,3 +415,76 @@ def upsample(ctx, x, scales=None):
         scales = np.array(ctx.attr("scales"), dtype=np.float32)
     return _resize(ctx, x, None, scales, None)
 
+
+
+@op("RMSNormalization")
+def rms_normalization(ctx, x, scale):
+    t = ctx.tensor(x)
+    axes = tuple(range(ctx.attr("axis", -1) % t.ndim, t.ndim))
+    inv = ((t * t).mean(axes, keepdim=True) + ctx.attr("epsilon", 1e-5)).sqrt().reciprocal()
+    return _same(ctx, x, t * inv * ctx.tensor(scale))
+
+
+# -- attention (opset 23) ------------------------------------------------------------------------------
+_MASKED = -1e30  # stands for -inf: luminar constants are finite, and softmax gives the same zeros
+
+
+def _heads(t, heads):
+    """(batch, seq, heads * size) -> (batch, heads, seq, size)."""
+    b, s, hidden = t.dims
+    return t.reshape(b, s, heads, hidden // heads).transpose(1, 2)
+
+
+@op("Attention")
+def attention(ctx, q, k, v, mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None):
+    if nonpad_kv_seqlen is not None:
+        raise UnsupportedError("Attention with nonpad_kv_seqlen")
+    qt, kt, vt = ctx.tensor(q), ctx.tensor(k), ctx.tensor(v)
+    three_d = qt.ndim == 3
+    if three_d:
+        qt, kt, vt = (_heads(qt, ctx.attr("q_num_heads")), _heads(kt, ctx.attr("kv_num_heads")),
+                      _heads(vt, ctx.attr("kv_num_heads")))
+    head = to_int(qt.dims[3])
+    scale = ctx.attr("scale")
+    scale = 1.0 / math.sqrt(head) if scale is None else scale
+    past = 0
+    if past_key is not None:
+        past = to_int(ctx.tensor(past_key).dims[2])
+        kt = lm_cat([ctx.tensor(past_key), kt], 2)
+        vt = lm_cat([ctx.tensor(past_value), vt], 2)
+    present_k, present_v = kt, vt
+    q_heads, kv_heads = to_int(qt.dims[1]), to_int(kt.dims[1])
+    if q_heads != kv_heads:  # grouped-query attention: each KV head serves q_heads / kv_heads query heads
+        kt = kt.repeat_interleave(q_heads // kv_heads, 1)
+        vt = vt.repeat_interleave(q_heads // kv_heads, 1)
+    q_len, kv_len = to_int(qt.dims[2]), to_int(kt.dims[2])
+    scores = (qt * math.sqrt(scale)) @ (kt * math.sqrt(scale)).mT
+    softcap = ctx.attr("softcap", 0.0)
+    if softcap:
+        scores = (scores / softcap).tanh() * softcap
+    raw = scores
+    bias = None
+    if mask is not None:
+        m = ctx.tensor(mask)
+        if dtype_of(mask) == np.bool_:
+            m = (1.0 - m.ne(0.0)) * _MASKED
+        short = kv_len - to_int(m.dims[-1])
+        if short > 0:
+            m = m.pad([0, short], value=_MASKED)
+        bias = m
+    if ctx.attr("is_causal", 0):
+        rows = ctx.graph.arange(q_len).reshape(q_len, 1)
+        cols = ctx.graph.arange(kv_len).reshape(1, kv_len)
+        causal = cols.gt(rows + float(past)) * _MASKED
+        bias = causal if bias is None else bias + causal
+    with_bias = scores if bias is None else scores + bias
+    probs = with_bias.softmax(-1)
+    y = probs @ vt
+    if three_d:
+        y = y.transpose(1, 2)
+        y = y.reshape(y.dims[0], y.dims[1], -1)
+    mode = ctx.attr("qk_matmul_output_mode", 0)
+    qk = {2: with_bias, 3: probs}.get(mode, raw)
+    dtype = dtype_of(q)
+    return (ctx.traced(y, dtype), ctx.traced(present_k, dtype), ctx.traced(present_v, dtype),
+            ctx.traced(qk, dtype))

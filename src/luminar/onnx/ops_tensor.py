@@ -288,7 +288,7 @@ def _cast(ctx, x, target: np.dtype):
         if is_float(dtype_of(x)):
             t = t.trunc()  # float -> int truncates toward zero
         return ctx.traced(t + 0.0, target)
-    if target.kind != "f" and target.name != "bfloat16":
+    if target.name not in ("float16", "float32", "float64", "bfloat16"):
         raise UnsupportedError(f"Cast to {target} is not supported")
     # float16/bfloat16 results are rounded when the model returns them, not inside the graph
     return ctx.traced(t + 0.0, target)

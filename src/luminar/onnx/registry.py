@@ -88,6 +88,14 @@ def to_int(v):
     return int(v)
 
 
+def known_dims(dims, what: str) -> list[int]:
+    """Dims this op needs as ints at load time; UnsupportedError if one is symbolic."""
+    out = [to_int(d) for d in dims]
+    if any(isinstance(d, Expr) for d in out):
+        raise UnsupportedError(f"{what} needs known sizes, got {out}")
+    return out
+
+
 class NodeContext:
     """One node being built: attributes, opset, and conversions between values."""
 
@@ -99,7 +107,7 @@ class NodeContext:
 
     @property
     def where(self) -> str:
-        return self.builder.describe(self.node, self.opset)
+        return self.builder.current
 
     def attr(self, name: str, default=None):
         return self.attrs.get(name, default)
