@@ -355,6 +355,28 @@ class GRUCell(RNNCellBase):
 
 
 # -- run-time lengths: compiled once, stepped from Python -----------------------------------------------
+class _Steps:
+    """Calls one compiled step program many times with arrays of the same shapes.
+
+    The first call goes through Program.run (every input checked, dims bound); the following
+    ones only swap the per-step arrays into the checked set and call the backend's execute,
+    which halves the per-step overhead (~150 -> ~70 us on the cpu backend). The runner builds
+    every per-step array itself (float32, C-contiguous, the first call's shapes), so the checks
+    would only repeat.
+    """
+
+    def __init__(self, program, fixed: dict[str, np.ndarray]):
+        self.program, self.fixed, self.bound = program, fixed, None
+
+    def __call__(self, **arrays) -> dict[str, np.ndarray]:
+        if self.bound is None:
+            self.bound = self.program.bind({**self.fixed, **arrays}, {})
+            return self.program.execute(*self.bound)
+        checked, env = self.bound
+        checked.update(arrays)
+        return self.program.execute(checked, env)
+
+
 class SequenceRunner:
     """Runs an nn.RNN / LSTM / GRU over numpy sequences of any length, compiled once (see the module docstring).
 
@@ -512,18 +534,19 @@ class SequenceRunner:
                                 **({"bias_ih": params["bias_ih"]} if m.bias else {}))["gx"]
                 hidden_params = {"weight_hh": params["weight_hh"],
                                  **({"bias_hh": params["bias_hh"]} if m.bias else {})}
-                h, c = h0[k], (c0[k] if lstm else None)
+                h, c = np.ascontiguousarray(h0[k]), (np.ascontiguousarray(c0[k]) if lstm else None)
                 h_prev = np.empty((steps, batch, m.hidden_size), np.float32)
                 c_prev = np.empty_like(h_prev) if lstm else None
                 out = np.empty_like(h_prev)
+                call = _Steps(step, hidden_params)
                 for t in (range(steps - 1, -1, -1) if direction else range(steps)):
                     h_prev[t] = h
                     if lstm:
                         c_prev[t] = c
-                        result = step(gx=gx[t], h=h, c=c, **hidden_params)
+                        result = call(gx=gx[t], h=h, c=c)
                         h, c = result["h_next"], result["c_next"]
                     else:
-                        h = step(gx=gx[t], h=h, **hidden_params)["h_next"]
+                        h = call(gx=gx[t], h=h)["h_next"]
                     out[t] = h
                 outputs.append(out)
                 h_n.append(h)
@@ -567,12 +590,12 @@ class SequenceRunner:
                 d_gx, d_gh = np.empty_like(gx), np.empty_like(gx)
                 dh, dc = d_hn[k], (d_cn[k] if lstm else None)
                 columns = slice(direction * hidden, (direction + 1) * hidden)
+                call = _Steps(step_backward, hidden_params)
                 for t in (range(steps) if direction else range(steps - 1, -1, -1)):  # forward order reversed
-                    inputs = dict(gx=gx[t], h=h_prev[t], d_h_next=np.ascontiguousarray(dh + d_out[t][:, columns]),
-                                  **hidden_params)
+                    inputs = dict(gx=gx[t], h=h_prev[t], d_h_next=np.ascontiguousarray(dh + d_out[t][:, columns]))
                     if lstm:
-                        inputs.update(c=c_prev[t], d_c_next=dc)
-                    result = step_backward(**inputs)
+                        inputs.update(c=c_prev[t], d_c_next=np.ascontiguousarray(dc))
+                    result = call(**inputs)
                     d_gx[t], d_gh[t], dh = result["d_gx"], result["d_gh"], result["d_h"]
                     dc = result["d_c"] if lstm else None
                 d_h0[k] = dh
