@@ -46,7 +46,7 @@ def hf_tokenizer(smollm):
     return transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
-SYNTHETIC = {  # name: (shape, ggml type); every supported storage format, plus Q5_0 (numpy-only)
+SYNTHETIC = {  # name: (shape, ggml type); storage formats with a graph dequantization (quant.py)
     "norm.weight": ((64,), "F32"),
     "f32.weight": ((3, 64), "F32"),
     "f16.weight": ((5, 64), "F16"),
@@ -195,11 +195,11 @@ VALUES = {  # key: (value, type, array item type); one of every GGUF value type,
     "a.float64": ([0.5, -1.1], V.ARRAY, V.FLOAT64), "a.bool": ([True, False, True], V.ARRAY, V.BOOL),
     "a.strings": (["", "a b", "ünïcödé", "😀", "x" * 300, "<|im_end|>"], V.ARRAY, V.STRING),
 }
-OTHER_FORMATS = {  # tensors luminar stores as raw bytes: numpy-typed, and a K-quant (random blocks)
+OTHER_FORMATS = {  # tensors luminar stores as raw bytes: numpy-typed, and Q2_K (random blocks)
     "i8": np.arange(-6, 6, dtype=np.int8).reshape(3, 4), "i16": np.arange(12, dtype=np.int16).reshape(4, 3) - 500,
     "i32": np.arange(6, dtype=np.int32) * 70000, "i64": np.arange(4, dtype=np.int64).reshape(2, 2) - 2**40,
     "f64": np.linspace(-1, 1, 10).reshape(2, 5),
-    "q4k": (np.random.default_rng(5).integers(0, 256, (2, 144), dtype=np.uint8), gguf.GGMLQuantizationType.Q4_K),
+    "q2k": (np.random.default_rng(5).integers(0, 256, (2, 84), dtype=np.uint8), gguf.GGMLQuantizationType.Q2_K),
 }
 
 
@@ -273,7 +273,7 @@ def test_formats_without_a_graph_dequantization_keep_their_raw_bytes(other, name
 
 
 # -- quantized weights in graphs ----------------------------------------------------------------
-GRAPH_FORMATS = [n for n, (_, q) in SYNTHETIC.items() if q != "Q5_0"]
+GRAPH_FORMATS = list(SYNTHETIC)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -331,9 +331,9 @@ def test_dense_rejects_integer_arrays():
         dense(lm.Graph(), "ids", np.arange(3))
 
 
-def test_weight_rejects_formats_without_a_graph_dequantization(synthetic):
-    with pytest.raises(lm.UnsupportedError, match="q50.weight.*Q5_0"):
-        weight(lm.Graph(), "q50.weight", synthetic.tensors["q50.weight"])
+def test_weight_rejects_formats_without_a_graph_dequantization(other):
+    with pytest.raises(lm.UnsupportedError, match="q2k.*Q2_K"):
+        weight(lm.Graph(), "q2k", other.tensors["q2k"])
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -450,11 +450,11 @@ def test_reading_needs_no_gguf_package_for_luminar_formats(smollm, monkeypatch):
     assert read_gguf(smollm.path).tensors.keys() == smollm.tensors.keys()
 
 
-def test_other_formats_need_the_gguf_package(synthetic_path, monkeypatch):
+def test_other_formats_need_the_gguf_package(other_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "gguf", None)
-    with pytest.raises(lm.UnsupportedError, match=r"tensor 'q50.weight' \(ggml type 6\) needs the gguf package: "
+    with pytest.raises(lm.UnsupportedError, match=r"tensor 'q2k' \(ggml type 10\) needs the gguf package: "
                                                   r"pip install gguf"):
-        read_gguf(synthetic_path)
+        read_gguf(other_path)
 
 
 def test_default_model_path_without_the_package(monkeypatch):

@@ -58,8 +58,8 @@ _TYPE_AND_COUNT = struct.Struct("<IQ")  # an array's element type and length; a 
 
 # ggml tensor types luminar reads without the gguf package: id -> name. Sizes come from quant.py
 # (PLAIN, FORMATS) or, for the plain integer / float64 types below, from their numpy dtype.
-_GGML_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 24: "I8", 25: "I16", 26: "I32",
-               27: "I64", 28: "F64", 30: "BF16"}
+_GGML_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K",
+               13: "Q5_K", 14: "Q6_K", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64", 30: "BF16"}
 _NUMPY_ONLY = {"I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64, "F64": np.float64}
 
 

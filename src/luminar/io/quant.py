@@ -66,25 +66,153 @@ class BlockFormat:
 
 
 def _nibbles_numpy(quants: np.ndarray) -> np.ndarray:
-    """(..., 16) bytes -> (..., 32) values: low nibbles are elements 0..15, high nibbles 16..31."""
+    """(..., n) bytes -> (..., 2n) values: low nibbles are elements 0..n-1, high nibbles n..2n-1."""
     return np.concatenate([quants & 15, quants >> 4], axis=-1).astype(np.float32)
 
 
-def _nibbles_graph(quants: GraphTensor) -> GraphTensor:
+def _bits_numpy(quants: np.ndarray, count: int, bits: int, inner: bool = False) -> np.ndarray:
+    """`count` fields of `bits` bits from each byte (field h = bits h*bits .. h*bits+bits-1), as
+    float32 on a new axis: before the byte axis ((..., count, n): element h*n + j), or after it
+    with `inner` ((..., n, count): element j*count + h)."""
+    shifts = np.arange(count, dtype=np.uint8) * bits
+    axis = -1 if inner else -2
+    fields = (np.expand_dims(quants, axis) >> np.expand_dims(shifts, -1 - axis)) & ((1 << bits) - 1)
+    return fields.astype(np.float32)
+
+
+def _bit_fields(quants: GraphTensor, count: int, bits: int, inner: bool = False) -> GraphTensor:
     """The same from primitives, without a concatenation: the bytes are broadcast over a new
-    (low, high) axis h, and nibble h of byte q is floor(q / 16^h) fmod 16, exact in float32.
+    axis h of size `count`, and field h of byte q is floor(q / 2^(bits h)) fmod 2^bits, exact in
+    float32 (the divisor is an integer constant of h, so it is a power of two; its reciprocal is
+    exact).
 
     A concatenation (pad + add) would leave padding tests and div/mod in the consumer's index
-    math; this way the (..., 2, 16) result merges into rows by plain reshapes, so a matmul reads
-    each byte with simple indices and the compiler unpacks nibbles inside its loop.
+    math; this way the fields merge into rows by plain reshapes, so a matmul reads each byte
+    with simple indices and the compiler unpacks the bits inside its loop.
     """
-    pair = quants.unsqueeze(-2).expand(*quants.dims[:-1], 2, quants.dims[-1])  # (..., 2, 16), no copy
-    h = quants.graph.constant(Var(f"_d{pair.ndim - 2}", 0, 1), pair.dims)  # 0 for low, 1 for high
-    shifted = pair * (1.0 - h * (15.0 / 16.0))  # q, or q / 16
+    axis = quants.ndim if inner else quants.ndim - 1  # where the new axis goes (counted from 0)
+    shape = list(quants.dims)
+    shape.insert(axis, count)
+    spread = quants.unsqueeze(axis).expand(*shape)  # no copy
+    h = Var(f"_d{axis}", 0, count - 1)
+    if count == 2:  # a linear divisor 1 or 2^bits keeps the index math affine
+        divisor = 1 + ((1 << bits) - 1) * h
+    else:
+        divisor = sum((h.eq(k) * (1 << (bits * k)) for k in range(1, count)), h.eq(0))
+    shifted = spread * quants.graph.constant(divisor, spread.dims).reciprocal()
     whole = shifted - shifted.fmod(1.0)  # floor (values are >= 0)
-    return whole.fmod(16.0).flatten(-2)
+    return whole.fmod(float(1 << bits))
+
+
+def _nibbles_graph(quants: GraphTensor) -> GraphTensor:
+    """(..., n) bytes -> (..., 2n) nibbles as in _nibbles_numpy."""
+    return _bit_fields(quants, 2, 4).flatten(-2)
+
+
 def _f32(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
+
+
+def _col(x):
+    """A per-block (or per-sub-block) value broadcast over the elements of its block."""
+    return x[..., None] if isinstance(x, np.ndarray) else x.unsqueeze(-1)
+
+
+# -- the 5-bit formats: a fifth bit per element in a 32-bit word --------------------------------
+def _q5_numpy(p: dict) -> np.ndarray:
+    """Q5_0 / Q5_1 values before scaling: nibble + 16 * high bit (high bit of element i is bit i
+    of the little-endian 4-byte word, i.e. bit i % 8 of byte i // 8)."""
+    high = _bits_numpy(p["high"], 8, 1, inner=True).reshape(*p["high"].shape[:-1], 32)
+    return _nibbles_numpy(p["quants"]) + 16.0 * high
+
+
+def _q5_graph(p: dict) -> GraphTensor:
+    return _nibbles_graph(p["quants"]) + 16.0 * _bit_fields(p["high"], 8, 1, inner=True).flatten(-2)
+
+
+# -- K-quants: 256-element super-blocks of 8 (or 16) sub-blocks with their own 6-bit (or 8-bit)
+# scales. Q4_K / Q5_K pack 8 scales and 8 minimums in 12 bytes: bytes 0-3 hold scales 0-3 in
+# their low 6 bits, bytes 4-7 minimums 0-3; scales / minimums 4-7 are the low / high nibbles of
+# bytes 8-11, with their top two bits in the top two bits of bytes 0-3 / 4-7.
+def _k_scales_numpy(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(..., 12) bytes -> the sub-blocks' (scales, minimums), each (..., 8) float32."""
+    rows = packed.reshape(*packed.shape[:-1], 3, 4).astype(np.int32)
+    low, mid, top = rows[..., 0, :], rows[..., 1, :], rows[..., 2, :]
+    scales = np.concatenate([low & 63, (top & 15) | ((low >> 6) << 4)], axis=-1)
+    mins = np.concatenate([mid & 63, (top >> 4) | ((mid >> 6) << 4)], axis=-1)
+    return scales.astype(np.float32), mins.astype(np.float32)
+
+
+def _k_scales_graph(packed: GraphTensor) -> tuple[GraphTensor, GraphTensor]:
+    """The same from primitives: fields of the three 4-byte rows, and sub-blocks 0-3 or 4-7
+    chosen by arithmetic with the index constant of a new axis (no concatenation)."""
+    rows = packed.reshape(*packed.dims[:-1], 3, 4)
+    low, mid, top = rows[..., 0, :], rows[..., 1, :], rows[..., 2, :]
+    top_fields = _bit_fields(top, 2, 4)  # (..., 2, 4): low and high nibbles
+    # x & 63 = x - 64 * floor(x / 64), and floor(x / 64) is the top two bits
+    low_top, mid_top = _bit_fields(low, 2, 6)[..., 1, :], _bit_fields(mid, 2, 6)[..., 1, :]
+    low6, mid6 = low - 64.0 * low_top, mid - 64.0 * mid_top
+    second = packed.graph.constant(Var(f"_d{packed.ndim - 1}", 0, 1), (*packed.dims[:-1], 2, 4))  # 1 for 4-7
+    first_half = lambda x: x.unsqueeze(-2) * (1.0 - second)
+    second_half = lambda x: x.unsqueeze(-2) * second
+    scales = first_half(low6) + second_half(top_fields[..., 0, :] + 16.0 * low_top)
+    mins = first_half(mid6) + second_half(top_fields[..., 1, :] + 16.0 * mid_top)
+    return scales.flatten(-2), mins.flatten(-2)
+
+
+def _q4k_numpy(p: dict) -> np.ndarray:
+    """Q4_K: 4 groups of 32 bytes; group g's low nibbles are sub-block 2g, its high ones 2g + 1."""
+    scales, mins = _k_scales_numpy(p["sub_scales"])
+    quants = _nibbles_numpy(p["quants"].reshape(*p["quants"].shape[:-1], 4, 32))  # (..., 4, 64)
+    values = _col(_f32(p["scale"])[..., None] * scales) * quants.reshape(*quants.shape[:-2], 8, 32) \
+        - _col(_f32(p["min"])[..., None] * mins)
+    return values.reshape(*values.shape[:-2], 256)
+
+
+def _q4k_graph(p: dict) -> GraphTensor:
+    scales, mins = _k_scales_graph(p["sub_scales"])
+    quants = _nibbles_graph(p["quants"].reshape(*p["quants"].dims[:-1], 4, 32))  # (..., 4, 64)
+    values = _col(p["scale"].unsqueeze(-1) * scales) * quants.reshape(*quants.dims[:-2], 8, 32) \
+        - _col(p["min"].unsqueeze(-1) * mins)
+    return values.flatten(-2)
+
+
+def _q5k_numpy(p: dict) -> np.ndarray:
+    """Q5_K: Q4_K's nibbles plus a fifth bit: bit u of high byte j belongs to element j of sub-block u."""
+    scales, mins = _k_scales_numpy(p["sub_scales"])
+    low = _nibbles_numpy(p["quants"].reshape(*p["quants"].shape[:-1], 4, 32))
+    quants = low.reshape(*low.shape[:-2], 8, 32) + 16.0 * _bits_numpy(p["high"], 8, 1)
+    values = _col(_f32(p["scale"])[..., None] * scales) * quants - _col(_f32(p["min"])[..., None] * mins)
+    return values.reshape(*values.shape[:-2], 256)
+
+
+def _q5k_graph(p: dict) -> GraphTensor:
+    scales, mins = _k_scales_graph(p["sub_scales"])
+    low = _nibbles_graph(p["quants"].reshape(*p["quants"].dims[:-1], 4, 32))  # (..., 4, 64)
+    quants = low.reshape(*low.dims[:-2], 8, 32) + 16.0 * _bit_fields(p["high"], 8, 1)
+    values = _col(p["scale"].unsqueeze(-1) * scales) * quants - _col(p["min"].unsqueeze(-1) * mins)
+    return values.flatten(-2)
+
+
+# Q6_K: each half of the block (128 elements) takes 64 bytes of low nibbles (element o of the
+# half: nibble o // 64 of byte o % 64) and 32 bytes of 2-bit high fields (field o // 32 of byte
+# o % 32); the 6-bit value minus 32 is scaled per sub-block of 16 by an int8 times the block's scale.
+def _q6k_numpy(p: dict) -> np.ndarray:
+    low = _nibbles_numpy(p["quants"].reshape(*p["quants"].shape[:-1], 2, 64))
+    high = _bits_numpy(p["high"].reshape(*p["high"].shape[:-1], 2, 32), 4, 2)  # (..., 2, 4, 32)
+    quants = low + 16.0 * high.reshape(*high.shape[:-2], 128) - 32.0  # (..., 2, 128)
+    scales = _f32(p["scale"])[..., None] * _f32(p["sub_scales"])  # (..., 16)
+    values = _col(scales) * quants.reshape(*quants.shape[:-2], 16, 16)
+    return values.reshape(*values.shape[:-2], 256)
+
+
+def _q6k_graph(p: dict) -> GraphTensor:
+    low = _nibbles_graph(p["quants"].reshape(*p["quants"].dims[:-1], 2, 64))
+    high = _bit_fields(p["high"].reshape(*p["high"].dims[:-1], 2, 32), 4, 2).flatten(-2)
+    quants = low + 16.0 * high - 32.0
+    scales = p["scale"].unsqueeze(-1) * p["sub_scales"]
+    values = _col(scales) * quants.reshape(*quants.dims[:-2], 16, 16)
+    return values.flatten(-2)
 
 
 FORMATS: dict[str, BlockFormat] = {f.name: f for f in (
@@ -97,6 +225,19 @@ FORMATS: dict[str, BlockFormat] = {f.name: f for f in (
     BlockFormat("Q4_1", 32, (("scale", np.float16, 1), ("min", np.float16, 1), ("quants", np.uint8, 16)),
                 numpy=lambda p: _nibbles_numpy(p["quants"]) * _f32(p["scale"])[..., None] + _f32(p["min"])[..., None],
                 graph=lambda p: _nibbles_graph(p["quants"]) * p["scale"].unsqueeze(-1) + p["min"].unsqueeze(-1)),
+    BlockFormat("Q5_0", 32, (("scale", np.float16, 1), ("high", np.uint8, 4), ("quants", np.uint8, 16)),
+                numpy=lambda p: _f32(p["scale"])[..., None] * (_q5_numpy(p) - 16.0),
+                graph=lambda p: p["scale"].unsqueeze(-1) * (_q5_graph(p) - 16.0)),
+    BlockFormat("Q5_1", 32, (("scale", np.float16, 1), ("min", np.float16, 1), ("high", np.uint8, 4),
+                             ("quants", np.uint8, 16)),
+                numpy=lambda p: _f32(p["scale"])[..., None] * _q5_numpy(p) + _f32(p["min"])[..., None],
+                graph=lambda p: p["scale"].unsqueeze(-1) * _q5_graph(p) + p["min"].unsqueeze(-1)),
+    BlockFormat("Q4_K", 256, (("scale", np.float16, 1), ("min", np.float16, 1), ("sub_scales", np.uint8, 12),
+                              ("quants", np.uint8, 128)), numpy=_q4k_numpy, graph=_q4k_graph),
+    BlockFormat("Q5_K", 256, (("scale", np.float16, 1), ("min", np.float16, 1), ("sub_scales", np.uint8, 12),
+                              ("high", np.uint8, 32), ("quants", np.uint8, 128)), numpy=_q5k_numpy, graph=_q5k_graph),
+    BlockFormat("Q6_K", 256, (("quants", np.uint8, 128), ("high", np.uint8, 64), ("sub_scales", np.int8, 16),
+                              ("scale", np.float16, 1)), numpy=_q6k_numpy, graph=_q6k_graph),
 )}
 
 # Plain (unblocked) storage: the whole tensor is one part, "data".

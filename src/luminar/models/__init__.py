@@ -22,8 +22,11 @@ from collections.abc import Callable
 from ..errors import WeightFileError
 from .generate import SamplingParams, Sampler
 from .llama import KVCache, LlamaConfig, LlamaModel, Weights
+from .bert import SentenceEmbedder, load_embedder  # sentence embeddings (all-MiniLM-L6-v2), see bert.py
+from .mobilenet import ImageClassifier, load_classifier  # ImageNet classification (MobileNetV2), see mobilenet.py
 
-__all__ = ["load", "LlamaModel", "LlamaConfig", "KVCache", "SamplingParams", "Sampler"]
+__all__ = ["load", "LlamaModel", "LlamaConfig", "KVCache", "SamplingParams", "Sampler",
+           "load_embedder", "SentenceEmbedder", "load_classifier", "ImageClassifier"]
 
 
 def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None = None,
@@ -73,14 +76,14 @@ def _read_gguf(path: str):
     from ..io.gguf import read_gguf
     from ..io.tokenizer import Tokenizer
     model = read_gguf(path)
-    return LlamaConfig.from_gguf(model.metadata, model.tensors), Weights.from_gguf(model.tensors), \
-        Tokenizer.from_gguf(model)
+    config = LlamaConfig.from_gguf(model.metadata, model.tensors)
+    return config, Weights.from_gguf(model.tensors, config), Tokenizer.from_gguf(model)
 
 
 def _read_hf_directory(path: str):
     from ..io.safetensors import load_safetensors, read_config
     from ..io.tokenizer import Tokenizer
     config = LlamaConfig.from_hf(read_config(path))
-    weights = Weights.from_state_dict(load_safetensors(path))
+    weights = Weights.from_state_dict(load_safetensors(path), config)
     has_tokenizer = os.path.isfile(os.path.join(path, "tokenizer.json"))
     return config, weights, Tokenizer.from_file(path) if has_tokenizer else None

@@ -43,8 +43,16 @@ MASKED = -1.0e30  # a finite "minus infinity" for masked attention scores (const
 
 
 # -- configuration -------------------------------------------------------------------------------
+FULL, SLIDING = "full", "sliding"  # layer kinds: attention over all earlier tokens, or the last `window`
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_tanh": "gelu_tanh",
+                "gelu": "gelu"}
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
+    """Everything about a checkpoint that changes the computation (the loaders refuse anything
+    else that would). The defaults are Llama's; the other families switch features on."""
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -56,10 +64,24 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None  # Hugging Face's rope_scaling / rope_parameters (llama3, linear)
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # q/k/v projection biases (Qwen2)
+    attention_bias: bool = False  # q/k/v projection biases (Qwen2; Llama's attention_bias)
+    output_bias: bool = False  # an o_proj bias (Llama's attention_bias)
+    mlp_bias: bool = False  # gate/up/down biases (Llama's mlp_bias)
     rope_interleaved: bool = False  # rotate adjacent pairs (GGUF llama layout) instead of halves
     max_position_embeddings: int = 2048
     architecture: str = "llama"
+    hidden_act: str = "silu"  # silu, gelu_tanh or gelu (the gated MLP's activation)
+    layer_types: tuple[str, ...] | None = None  # FULL / SLIDING per layer; None: all FULL
+    sliding_window: int | None = None  # a SLIDING layer's query sees keys at distance < window
+    rope_theta_local: float | None = None  # RoPE base of SLIDING layers (Gemma 3); None: rope_theta
+    rope_scaling_local: dict | None = None  # and their scaling (None: no scaling when rope_theta_local is set)
+    qk_norm: bool = False  # RMS norms of each head's q and k before RoPE (Qwen3, Gemma 3)
+    sandwich_norms: bool = False  # Gemma 2/3: norms after attention and MLP too, pre_feedforward_layernorm
+    norm_offset: float = 0.0  # RMS norm weight is (offset + w): Gemma checkpoints store w - 1
+    embedding_scale: float | None = None  # token embeddings times this (Gemma: sqrt(hidden_size))
+    query_scale: float | None = None  # attention scores scale; None: 1 / sqrt(head_dim)
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
 
     def __post_init__(self):
         if self.num_attention_heads % self.num_key_value_heads:
@@ -67,74 +89,247 @@ class LlamaConfig:
                                   f"{self.num_key_value_heads} key/value heads")
         if self.head_dim % 2:
             raise WeightFileError(f"llama config: head_dim must be even for RoPE, got {self.head_dim}")
+        if self.hidden_act not in ("silu", "gelu_tanh", "gelu"):
+            raise UnsupportedError(f"{self.architecture} config: hidden activation {self.hidden_act!r} is not supported")
+        for scaling in (self.rope_scaling, self.rope_scaling_local):
+            kind = _rope_type(scaling)
+            if kind not in _ROPE_TYPES:
+                raise UnsupportedError(f"{self.architecture} config: rope scaling {kind!r} is not supported "
+                                       f"({', '.join(_ROPE_TYPES)})")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - {FULL, SLIDING}:
+                raise WeightFileError(f"{self.architecture} config: layer_types {self.layer_types} do not give "
+                                      f"{FULL!r} or {SLIDING!r} for each of the {self.num_hidden_layers} layers")
+            if SLIDING in self.layer_types and not (isinstance(self.sliding_window, int) and self.sliding_window >= 1):
+                raise WeightFileError(f"{self.architecture} config: sliding-window layers need a sliding_window "
+                                      f">= 1, got {self.sliding_window!r}")
 
     @property
     def groups(self) -> int:
         """Query heads per key/value head (GQA)."""
         return self.num_attention_heads // self.num_key_value_heads
 
+    def kinds(self) -> tuple[str, ...]:
+        """FULL or SLIDING for each layer."""
+        return self.layer_types or (FULL,) * self.num_hidden_layers
+
+    @property
+    def has_sliding(self) -> bool:
+        return SLIDING in self.kinds()
+
+    def layers_of(self, kind: str) -> list[int]:
+        return [i for i, k in enumerate(self.kinds()) if k == kind]
+
     @classmethod
     def from_hf(cls, config: dict) -> LlamaConfig:
-        """From a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)."""
-        kind = config.get("model_type", "llama")
-        if kind not in ("llama", "mistral", "qwen2"):
-            raise UnsupportedError(f"config.json: model_type {kind!r} is not supported (llama, mistral, qwen2)")
-        if config.get("mlp_bias"):
-            raise UnsupportedError("config.json: mlp_bias=true is not supported")
-        if config.get("hidden_act", "silu") != "silu":
-            raise UnsupportedError(f"config.json: hidden_act {config['hidden_act']!r} is not supported (silu)")
-        try:
-            heads = config["num_attention_heads"]
-            rope = config.get("rope_parameters") or {}  # transformers >= 5 nests rope settings here
-            scaling = config.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-            return cls(vocab_size=config["vocab_size"], hidden_size=config["hidden_size"],
-                       intermediate_size=config["intermediate_size"], num_hidden_layers=config["num_hidden_layers"],
-                       num_attention_heads=heads, num_key_value_heads=config.get("num_key_value_heads") or heads,
-                       head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-                       rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-                       rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)), rope_scaling=scaling,
-                       tie_word_embeddings=config.get("tie_word_embeddings", False),
-                       attention_bias=config.get("attention_bias", kind == "qwen2"),
-                       max_position_embeddings=config.get("max_position_embeddings", 2048), architecture=kind)
-        except KeyError as e:
-            raise WeightFileError(f"config.json: missing key {e.args[0]!r}") from None
+        """From a Hugging Face config.json: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma, Gemma 2, Gemma 3
+        (text). A field this reader does not know is refused unless it is null or false (see
+        _HF_INERT for the fields known not to change the computation)."""
+        return _config_from_hf(cls, config)
 
     @classmethod
     def from_gguf(cls, metadata: dict, tensors: dict) -> LlamaConfig:
-        """From GGUF metadata (`{arch}.*` keys) and tensor names (tied when there is no output.weight)."""
-        arch = metadata.get("general.architecture", "llama")
-        if arch not in ("llama", "qwen2"):
-            raise UnsupportedError(f"GGUF architecture {arch!r} is not supported (llama, qwen2)")
-
-        def key(name, default=None):
-            value = metadata.get(f"{arch}.{name}", default)
-            if value is None:
-                raise WeightFileError(f"GGUF metadata: missing {arch}.{name}")
-            return value
-
-        heads = int(key("attention.head_count"))
-        hidden = int(key("embedding_length"))
-        if "token_embd.weight" not in tensors:
-            raise WeightFileError("GGUF file has no token_embd.weight tensor")
-        vocab = int(tensors["token_embd.weight"].shape[0])
-        return cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(key("feed_forward_length")),
-                   num_hidden_layers=int(key("block_count")), num_attention_heads=heads,
-                   num_key_value_heads=int(key("attention.head_count_kv", heads)),
-                   head_dim=int(key("attention.key_length", hidden // heads)),
-                   rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-                   rope_theta=float(key("rope.freq_base", 10000.0)),
-                   tie_word_embeddings="output.weight" not in tensors,
-                   attention_bias="blk.0.attn_q.bias" in tensors,
-                   rope_interleaved=arch == "llama",  # llama.cpp's convert permutes q/k rows for llama only
-                   max_position_embeddings=int(key("context_length", 2048)), architecture=arch)
+        """From GGUF metadata (`{arch}.*` keys) and tensor names (tied when there is no output.weight):
+        architectures llama, qwen2 and gemma3. An `{arch}.*` key this reader does not know is refused."""
+        return _config_from_gguf(cls, metadata, tensors)
 
 
-def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
-    """RoPE inverse frequencies theta^(-2i/d), with Hugging Face's llama3 or linear scaling."""
+def _rope_type(scaling: dict | None) -> str:
+    scaling = scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+# -- Hugging Face config.json --------------------------------------------------------------------
+_HF_KINDS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text")
+_GEMMAS = ("gemma", "gemma2", "gemma3_text")
+# Fields that do not change inference: ids, bookkeeping, dropout (off at inference), the default
+# initialisation, and the inputs of derived fields read below (use_sliding_window ...).
+_HF_INERT = {"architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "bos_token_id",
+             "eos_token_id", "pad_token_id", "unk_token_id", "use_cache", "initializer_range", "attention_dropout",
+             "embd_pdrop", "resid_pdrop", "_name_or_path", "name_or_path", "tokenizer_class", "output_attentions",
+             "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "max_position_embeddings",
+             "pretraining_tp", "use_sliding_window", "max_window_layers", "sliding_window_pattern",
+             "_sliding_window_pattern", "original_max_position_embeddings", "chunk_size_feed_forward",
+             "tie_word_embeddings", "head_dim", "rms_norm_eps", "vocab_size", "hidden_size", "intermediate_size",
+             "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "rope_theta", "rope_scaling",
+             "rope_parameters", "rope_local_base_freq", "attention_bias", "mlp_bias", "hidden_act",
+             "hidden_activation", "sliding_window", "layer_types", "query_pre_attn_scalar",
+             "attn_logit_softcapping", "final_logit_softcapping", "use_bidirectional_attention",
+             "partial_rotary_factor"}
+
+
+def _config_from_hf(cls, config: dict) -> LlamaConfig:
+    kind = config.get("model_type", "llama")
+    if kind not in _HF_KINDS:
+        raise UnsupportedError(f"config.json: architecture {kind!r} is not supported "
+                               f"(supported model_type: {', '.join(_HF_KINDS)})")
+    for key, value in config.items():
+        if key not in _HF_INERT and value not in (None, False):
+            raise UnsupportedError(f"config.json: {kind} field {key!r} = {value!r} is not understood by luminar "
+                                   f"and may change the computation")
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedError(f"config.json: {kind} use_bidirectional_attention=true is not supported")
+    gemma = kind in _GEMMAS
+    try:
+        heads, layers, hidden = config["num_attention_heads"], config["num_hidden_layers"], config["hidden_size"]
+        global_rope, local_rope = _hf_rope(config, kind)
+        if float(global_rope.get("partial_rotary_factor", config.get("partial_rotary_factor") or 1.0)) != 1.0:
+            raise UnsupportedError(f"config.json: {kind} partial_rotary_factor != 1 (partial RoPE) is not supported")
+        head_dim = config.get("head_dim") or hidden // heads
+        act = config.get("hidden_activation") or config.get("hidden_act") or "silu"
+        if act not in _ACTIVATIONS:
+            raise UnsupportedError(f"config.json: {kind} hidden activation {act!r} is not supported "
+                                   f"({', '.join(_ACTIVATIONS)})")
+        bias = bool(config.get("attention_bias", kind == "qwen2"))
+        types = _hf_layer_types(config, kind, layers)
+        query_scale = config["query_pre_attn_scalar"] ** -0.5 if gemma and kind != "gemma" else None
+        return cls(vocab_size=config["vocab_size"], hidden_size=hidden, intermediate_size=config["intermediate_size"],
+                   num_hidden_layers=layers, num_attention_heads=heads,
+                   num_key_value_heads=config.get("num_key_value_heads") or heads, head_dim=head_dim,
+                   rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+                   rope_theta=float(global_rope.get("rope_theta", 10000.0)), rope_scaling=_scaling(global_rope),
+                   rope_theta_local=None if local_rope is None else float(local_rope.get("rope_theta", 10000.0)),
+                   rope_scaling_local=None if local_rope is None else _scaling(local_rope),
+                   tie_word_embeddings=config.get("tie_word_embeddings", gemma), attention_bias=bias,
+                   output_bias=bias and kind in ("llama", "qwen3", "gemma", "gemma2", "gemma3_text"),
+                   mlp_bias=bool(config.get("mlp_bias")),
+                   max_position_embeddings=config.get("max_position_embeddings", 2048), architecture=kind,
+                   hidden_act=_ACTIVATIONS[act], layer_types=types,
+                   sliding_window=config.get("sliding_window") if types else None,
+                   qk_norm=kind in ("qwen3", "gemma3_text"), sandwich_norms=kind in ("gemma2", "gemma3_text"),
+                   norm_offset=1.0 if gemma else 0.0, embedding_scale=math.sqrt(hidden) if gemma else None,
+                   query_scale=query_scale, attn_softcap=config.get("attn_logit_softcapping"),
+                   final_softcap=config.get("final_logit_softcapping"))
+    except KeyError as e:
+        raise WeightFileError(f"config.json: missing key {e.args[0]!r}") from None
+
+
+def _hf_rope(config: dict, kind: str) -> tuple[dict, dict | None]:
+    """(rope settings of full-attention layers, of sliding layers or None when they are the same).
+
+    transformers >= 5 writes `rope_parameters` (nested per layer type for Gemma 3); older files
+    have rope_theta and rope_scaling at the top level (and Gemma 3 a rope_local_base_freq)."""
+    params = config.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        return params.get("full_attention", {}), params.get("sliding_attention", params.get("full_attention", {}))
+    merged = {"rope_theta": config.get("rope_theta", 10000.0), **(config.get("rope_scaling") or {}), **params}
+    if kind == "gemma3_text":
+        return merged, {"rope_theta": config.get("rope_local_base_freq", 10000.0)}
+    return merged, None
+
+
+def _scaling(rope: dict) -> dict | None:
+    return None if _rope_type(rope) == "default" else dict(rope)
+
+
+def _hf_layer_types(config: dict, kind: str, layers: int) -> tuple[str, ...] | None:
+    """Which layers attend through a sliding window, or None when none does."""
+    names = {"full_attention": FULL, "sliding_attention": SLIDING}
+    given = config.get("layer_types")
+    window = config.get("sliding_window")
+    if given is not None:
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise UnsupportedError(f"config.json: {kind} layer type {unknown[0]!r} is not supported "
+                                   f"(full_attention, sliding_attention)")
+        types = tuple(names[t] for t in given)
+    elif kind in ("mistral", "phi3"):
+        types = (SLIDING,) * layers if window else None
+    elif kind in ("qwen2", "qwen3"):
+        first = config.get("max_window_layers", layers)
+        types = tuple(SLIDING if config.get("use_sliding_window") and i >= first else FULL for i in range(layers))
+    elif kind == "gemma2":
+        types = tuple(SLIDING if i % 2 == 0 else FULL for i in range(layers))
+    elif kind == "gemma3_text":
+        pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 6))
+        types = tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(layers))
+    else:
+        types = None
+    if types is None or SLIDING not in types:
+        return None
+    return types
+
+
+# -- GGUF metadata ---------------------------------------------------------------------------------
+_GGUF_ARCHS = ("llama", "qwen2", "gemma3")
+# {arch}.* keys read below or known not to change the computation; any other is refused
+_GGUF_KNOWN = {"context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+               "attention.head_count_kv", "attention.key_length", "attention.value_length",
+               "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count", "vocab_size",
+               "attention.sliding_window", "rope.scaling.type", "rope.scaling.factor",
+               "rope.scaling.original_context_length", "expert_count", "expert_used_count"}
+
+
+def _config_from_gguf(cls, metadata: dict, tensors: dict) -> LlamaConfig:
+    arch = metadata.get("general.architecture", "llama")
+    if arch not in _GGUF_ARCHS:
+        raise UnsupportedError(f"GGUF architecture {arch!r} is not supported ({', '.join(_GGUF_ARCHS)})")
+    for name in metadata:
+        if name.startswith(f"{arch}.") and name[len(arch) + 1:] not in _GGUF_KNOWN:
+            raise UnsupportedError(f"GGUF metadata {name} = {metadata[name]!r} is not understood by luminar "
+                                   f"and may change the computation")
+
+    def key(name, default=None):
+        value = metadata.get(f"{arch}.{name}", default)
+        if value is None:
+            raise WeightFileError(f"GGUF metadata: missing {arch}.{name}")
+        return value
+
+    if int(key("expert_count", 0)):
+        raise UnsupportedError(f"GGUF {arch}: mixture-of-experts models ({arch}.expert_count) are not supported")
+    heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    layers = int(key("block_count"))
+    if "token_embd.weight" not in tensors:
+        raise WeightFileError("GGUF file has no token_embd.weight tensor")
+    vocab = int(tensors["token_embd.weight"].shape[0])
+    head_dim = int(key("attention.key_length", hidden // heads))
+    if int(key("attention.value_length", head_dim)) != head_dim:
+        raise UnsupportedError(f"GGUF {arch}: value heads of another size than key heads are not supported")
+    if int(key("rope.dimension_count", head_dim)) != head_dim:
+        raise UnsupportedError(f"GGUF {arch}: partial RoPE ({arch}.rope.dimension_count "
+                               f"{key('rope.dimension_count')} of head size {head_dim}) is not supported")
+    scaling = _gguf_rope_scaling(arch, metadata)
+    options = {}
+    if arch == "gemma3":
+        if layers == 62:  # llama.cpp scales the 27B model's queries by hidden/heads, a fact not in the file
+            raise UnsupportedError("GGUF gemma3: the 27B model's attention scale is not supported")
+        window = int(key("attention.sliding_window"))
+        options = dict(layer_types=tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(layers)),
+                       sliding_window=window, rope_theta_local=10000.0, hidden_act="gelu_tanh", qk_norm=True,
+                       sandwich_norms=True, embedding_scale=math.sqrt(hidden))  # llama.cpp's gemma3 constants
+    elif f"{arch}.attention.sliding_window" in metadata:
+        raise UnsupportedError(f"GGUF {arch}: {arch}.attention.sliding_window is not supported for this architecture")
+    return cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=int(key("feed_forward_length")),
+               num_hidden_layers=layers, num_attention_heads=heads,
+               num_key_value_heads=int(key("attention.head_count_kv", heads)), head_dim=head_dim,
+               rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+               rope_theta=float(key("rope.freq_base", 10000.0)), rope_scaling=scaling,
+               tie_word_embeddings="output.weight" not in tensors,
+               attention_bias="blk.0.attn_q.bias" in tensors, output_bias="blk.0.attn_output.bias" in tensors,
+               rope_interleaved=arch == "llama",  # llama.cpp's convert permutes q/k rows for llama only
+               max_position_embeddings=int(key("context_length", 2048)), architecture=arch, **options)
+
+
+def _gguf_rope_scaling(arch: str, metadata: dict) -> dict | None:
+    kind = metadata.get(f"{arch}.rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    if kind != "linear":
+        raise UnsupportedError(f"GGUF {arch}: rope scaling {kind!r} is not supported (none, linear)")
+    return {"rope_type": "linear", "factor": float(metadata[f"{arch}.rope.scaling.factor"])}
+
+
+def rope_inv_freq(config: LlamaConfig, local: bool = False, factors: np.ndarray | None = None) -> np.ndarray:
+    """RoPE inverse frequencies theta^(-2i/d), with Hugging Face's llama3 or linear scaling, for
+    full-attention layers or (local) sliding ones; `factors` (a GGUF's rope_freqs.weight) divide them."""
     d = config.head_dim
-    inv = 1.0 / (config.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-    scaling = config.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    theta, scaling = config.rope_theta, config.rope_scaling
+    if local and config.rope_theta_local is not None:
+        theta, scaling = config.rope_theta_local, config.rope_scaling_local
+    inv = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+    scaling = scaling or {}
+    kind = _rope_type(scaling)
     if kind == "linear":
         inv = inv / scaling["factor"]
     elif kind == "llama3":
@@ -145,8 +340,8 @@ def rope_inv_freq(config: LlamaConfig) -> np.ndarray:
         smooth = (old / wavelen - low) / (high - low)
         medium = (wavelen >= old / high) & (wavelen <= old / low)
         inv = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
-    elif kind != "default":
-        raise UnsupportedError(f"rope scaling {kind!r} is not supported (default, linear, llama3)")
+    if factors is not None:
+        inv = inv / factors.astype(np.float64)
     return inv.astype(np.float32)
 
 
@@ -156,31 +351,44 @@ _LAYER_GGUF = {"input_layernorm.weight": "attn_norm.weight", "post_attention_lay
                "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
                "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
                "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
-               "self_attn.v_proj.bias": "attn_v.bias", "mlp.gate_proj.weight": "ffn_gate.weight",
-               "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+               "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.bias": "attn_output.bias",
+               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+               "mlp.down_proj.weight": "ffn_down.weight", "self_attn.q_norm.weight": "attn_q_norm.weight",
+               "self_attn.k_norm.weight": "attn_k_norm.weight"}
+# Gemma 2/3 have four norms per layer; GGUF's ffn_norm is the one before the MLP
+_SANDWICH_GGUF = {**_LAYER_GGUF, "post_attention_layernorm.weight": "post_attention_norm.weight",
+                  "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                  "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
 _GLOBAL_GGUF = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                 "lm_head.weight": "output.weight"}
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, sandwich: bool = False) -> str:
     """The GGUF tensor name of a Hugging Face parameter name (model.layers.3.mlp.up_proj.weight -> blk.3.ffn_up.weight)."""
     if hf_name in _GLOBAL_GGUF:
         return _GLOBAL_GGUF[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)  # model.layers.{i}.rest
-    return f"blk.{layer}.{_LAYER_GGUF[rest]}"
+    return f"blk.{layer}.{(_SANDWICH_GGUF if sandwich else _LAYER_GGUF)[rest]}"
 
 
 class Weights:
     """Declares weights as graph inputs by their Hugging Face names and collects their arrays.
 
     `declare(g, name)` returns (GraphTensor, {input name: array}) for one weight: the I/O layer's
-    `dense` for float arrays, `quant.weight` for GGUF tensors (which stay quantized).
+    `dense` for float arrays, `quant.weight` for GGUF tensors (which stay quantized). `stored`
+    lists the checkpoint's own names and `source(name)` maps a canonical name to one of them, so
+    `check_all_used()` can refuse a checkpoint with tensors the model never read (as torch's
+    strict load_state_dict does): such a tensor means a feature this loader does not implement.
     """
 
-    def __init__(self, has: Callable[[str], bool], declare: Callable, shape_of: Callable[[str], tuple]):
+    def __init__(self, has: Callable[[str], bool], declare: Callable, shape_of: Callable[[str], tuple],
+                 stored: Sequence[str] = (), source: Callable[[str], str] = lambda name: name):
         self.has, self._declare, self.shape_of = has, declare, shape_of
+        self.stored, self.source = list(stored), source
         self.arrays: dict[str, np.ndarray] = {}
         self.declared: dict[tuple, GraphTensor] = {}  # a tied weight is declared once
+        self.used: set[str] = set()  # stored names consumed, by the graph or by the loader
+        self.rope_factors: np.ndarray | None = None  # a GGUF's rope_freqs.weight (llama 3 frequency factors)
 
     def __call__(self, g: Graph, name: str, shape: tuple) -> GraphTensor:
         """The weight `name` as a graph tensor of `shape` (declared once per graph)."""
@@ -193,19 +401,71 @@ class Weights:
             tensor, arrays = self._declare(g, name)
             self.arrays.update(arrays)
             self.declared[id(g), name] = tensor
+            self.used.add(self.source(name))
         return self.declared[id(g), name]
 
-    @classmethod
-    def from_state_dict(cls, state: dict[str, np.ndarray]) -> Weights:
-        from ..io.quant import dense
-        return cls(lambda n: n in state, lambda g, n: dense(g, n, state[n]), lambda n: state[n].shape)
+    def check_all_used(self, ignored: Callable[[str], bool] = lambda name: False):
+        unused = [n for n in self.stored if n not in self.used and not ignored(n)]
+        if unused:
+            more = f" (and {len(unused) - 3} more)" if len(unused) > 3 else ""
+            raise WeightFileError(f"weights: the checkpoint has tensors this model does not use: "
+                                  f"{', '.join(map(repr, unused[:3]))}{more}; luminar does not implement what "
+                                  f"they are for, so the model would compute something else")
 
     @classmethod
-    def from_gguf(cls, tensors: dict) -> Weights:
+    def from_state_dict(cls, state: dict[str, np.ndarray], config: LlamaConfig | None = None) -> Weights:
+        """A Hugging Face state dict; Phi-3's fused qkv_proj / gate_up_proj are split into views."""
+        from ..io.quant import dense
+        stored = list(state)
+        state, origin = _unfused(state, config) if config is not None else (state, {})
+        weights = cls(lambda n: n in state, lambda g, n: dense(g, n, state[n]), lambda n: state[n].shape,
+                      stored=stored, source=lambda n: origin.get(n, n))
+        # transformers never reads a saved rotary_emb.inv_freq buffer (it recomputes it), nor a tied
+        # lm_head that equals the embeddings; a tied one that differs is left unused: an error
+        weights.used.update(n for n in stored if n.endswith("rotary_emb.inv_freq"))
+        embedding, head = state.get("model.embed_tokens.weight"), state.get("lm_head.weight")
+        if config is not None and config.tie_word_embeddings and head is not None and embedding is not None \
+                and np.array_equal(head, embedding):
+            weights.used.add("lm_head.weight")
+        return weights
+
+    @classmethod
+    def from_gguf(cls, tensors: dict, config: LlamaConfig | None = None) -> Weights:
         from ..io.quant import weight
-        return cls(lambda n: gguf_name(n) in tensors,
-                   lambda g, n: weight(g, gguf_name(n), tensors[gguf_name(n)]),
-                   lambda n: tuple(tensors[gguf_name(n)].shape))
+        sandwich = config is not None and config.sandwich_norms
+        name = lambda n: gguf_name(n, sandwich)  # noqa: E731
+        weights = cls(lambda n: name(n) in tensors, lambda g, n: weight(g, name(n), tensors[name(n)]),
+                      lambda n: tuple(tensors[name(n)].shape), stored=list(tensors), source=name)
+        if "rope_freqs.weight" in tensors:  # llama 3 GGUFs: per-frequency divisors of the RoPE frequencies
+            weights.rope_factors = tensors["rope_freqs.weight"].dequantize()
+            weights.used.add("rope_freqs.weight")
+        return weights
+
+
+def _unfused(state: dict, config: LlamaConfig) -> tuple[dict, dict]:
+    """Phi-3 stores q/k/v as one qkv_proj (rows q, then k, then v) and gate/up as one gate_up_proj:
+    (the state with row views under Llama's names, {new name: fused name})."""
+    kv_rows = config.num_key_value_heads * config.head_dim
+    layouts = {"self_attn.qkv_proj.": [("self_attn.q_proj.", config.num_attention_heads * config.head_dim),
+                                       ("self_attn.k_proj.", kv_rows), ("self_attn.v_proj.", kv_rows)],
+               "mlp.gate_up_proj.": [("mlp.gate_proj.", config.intermediate_size),
+                                     ("mlp.up_proj.", config.intermediate_size)]}
+    out, origin = dict(state), {}
+    for name, array in state.items():
+        for fused, parts in layouts.items():
+            if fused not in name:
+                continue
+            prefix, rest = name.split(fused, 1)
+            if array.shape[0] != sum(rows for _, rows in parts):
+                raise WeightFileError(f"weights: fused tensor {name!r} has {array.shape[0]} rows, the config "
+                                      f"expects {sum(rows for _, rows in parts)}")
+            del out[name]
+            begin = 0
+            for part, rows in parts:
+                out[prefix + part + rest] = array[begin:begin + rows]
+                origin[prefix + part + rest] = name
+                begin += rows
+    return out, origin
 
 
 # -- the graph -------------------------------------------------------------------------------------
@@ -215,10 +475,32 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
     g = Graph()
     d, heads, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     tokens = g.tensor("tokens", ("s",), "int32")
-    k_cache = g.tensor("k_cache", ("t", c.num_hidden_layers, kv, hd))
-    v_cache = g.tensor("v_cache", ("t", c.num_hidden_layers, kv, hd))
-    inv_freq = g.tensor("inv_freq", (hd // 2,))
-    s, t = tokens.dims[0], k_cache.dims[0]
+    s = tokens.dims[0]
+    full, sliding = c.layers_of(FULL), c.layers_of(SLIDING)
+    caches = {}  # layer -> (keys, values, visible) inputs of that layer's cache
+    if full:
+        count = len(full) if sliding else c.num_hidden_layers
+        k_cache, v_cache = g.tensor("k_cache", ("t", count, kv, hd)), g.tensor("v_cache", ("t", count, kv, hd))
+        t = k_cache.dims[0]
+        slot = g.arange(t + s)  # key slot j holds absolute position j - 1; slot 0 is the dummy
+        visible = slot.ge(1.0) * slot.le(g.arange(t, t + s).unsqueeze(-1))  # (s, t+s): causal, dummy hidden
+        for i, layer in enumerate(full):
+            caches[layer] = (k_cache[:, i], v_cache[:, i], visible)
+    if sliding:
+        k_local, v_local = g.tensor("k_local", ("u", len(sliding), kv, hd)), g.tensor("v_local", ("u", len(sliding), kv, hd))
+        u = k_local.dims[0]
+        # slot j of [cache, new] is u - j positions before the first new token's slot u (slot 0: dummy)
+        slot = g.arange(u + s)
+        newest = g.arange(u, u + s).unsqueeze(-1)  # the slot of each query's own key
+        window = slot.ge(1.0) * slot.le(newest) * slot.gt(newest - c.sliding_window)
+        for i, layer in enumerate(sliding):
+            caches[layer] = (k_local[:, i], v_local[:, i], window)
+    # RoPE positions: the tokens seen so far are t - 1, or (with sliding layers) the bound dim p - 1
+    first = parse_dim("p") - 1 if sliding else t - 1
+    positions = g.arange(first, first + s).unsqueeze(-1)
+    rotations = {False: _angles(g.tensor("inv_freq", (hd // 2,)), positions)}
+    if sliding and c.rope_theta_local is not None:
+        rotations[True] = _angles(g.tensor("inv_freq_local", (hd // 2,)), positions)
 
     def w(name, *shape):
         return weights(g, name, shape)
@@ -226,33 +508,63 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
     def linear(x, name, n_out, n_in, bias=False):
         return lm.linear(x, w(name + ".weight", n_out, n_in), w(name + ".bias", n_out) if bias else None)
 
-    angles = g.arange(t - 1, t - 1 + s).unsqueeze(-1) * inv_freq  # (s, head_dim/2) at absolute positions
-    cos, sin = angles.cos(), angles.sin()
-    slot = g.arange(t + s)  # key slot j holds absolute position j - 1; slot 0 is the dummy
-    visible = slot.ge(1.0) * slot.le(g.arange(t, t + s).unsqueeze(-1))  # (s, t+s): causal, dummy hidden
+    def norm(x, name, size=d):
+        scale = w(name + ".weight", size)
+        return lm.rms_norm(x, (size,), scale + c.norm_offset if c.norm_offset else scale, c.rms_norm_eps)
 
     x = lm.embedding(tokens, w("model.embed_tokens.weight", c.vocab_size, d))
+    if c.embedding_scale is not None:
+        x = x * float(np.float32(c.embedding_scale))  # transformers rounds the scale to the weights' dtype
     for layer in range(c.num_hidden_layers):
         p = f"model.layers.{layer}."
-        h = lm.rms_norm(x, (d,), w(p + "input_layernorm.weight", d), c.rms_norm_eps)
+        h = norm(x, p + "input_layernorm")
         q = linear(h, p + "self_attn.q_proj", heads * hd, d, c.attention_bias).reshape(s, heads, hd)
         k = linear(h, p + "self_attn.k_proj", kv * hd, d, c.attention_bias).reshape(s, kv, hd)
         v = linear(h, p + "self_attn.v_proj", kv * hd, d, c.attention_bias).reshape(s, kv, hd)
+        if c.qk_norm:
+            q, k = norm(q, p + "self_attn.q_norm", hd), norm(k, p + "self_attn.k_norm", hd)
+        cos, sin = rotations.get(layer in sliding, rotations[False])
         q = _rope(q, cos, sin, c.rope_interleaved)
         k = _rope(k, cos, sin, c.rope_interleaved).output(f"k{layer}")
         v = v.output(f"v{layer}")
-        keys = lm.cat([k_cache[:, layer], k], 0)  # (t + s, kv_heads, head_dim)
-        values = lm.cat([v_cache[:, layer], v], 0)
-        x = x + linear(_attention(q, keys, values, visible, c), p + "self_attn.o_proj", d, heads * hd)
-        h = lm.rms_norm(x, (d,), w(p + "post_attention_layernorm.weight", d), c.rms_norm_eps)
-        gate = linear(h, p + "mlp.gate_proj", c.intermediate_size, d)
-        up = linear(h, p + "mlp.up_proj", c.intermediate_size, d)
-        x = x + linear(gate.silu() * up, p + "mlp.down_proj", d, c.intermediate_size)
-    x = lm.rms_norm(x, (d,), w("model.norm.weight", d), c.rms_norm_eps)
+        k_past, v_past, visible = caches[layer]
+        keys = lm.cat([k_past, k], 0)  # (past + s, kv_heads, head_dim)
+        values = lm.cat([v_past, v], 0)
+        attended = linear(_attention(q, keys, values, visible, c), p + "self_attn.o_proj", d, heads * hd, c.output_bias)
+        if c.sandwich_norms:
+            x = x + norm(attended, p + "post_attention_layernorm")
+            h = norm(x, p + "pre_feedforward_layernorm")
+        else:
+            x = x + attended
+            h = norm(x, p + "post_attention_layernorm")
+        gate = linear(h, p + "mlp.gate_proj", c.intermediate_size, d, c.mlp_bias)
+        up = linear(h, p + "mlp.up_proj", c.intermediate_size, d, c.mlp_bias)
+        out = linear(_activation(gate, c.hidden_act) * up, p + "mlp.down_proj", d, c.intermediate_size, c.mlp_bias)
+        x = x + (norm(out, p + "post_feedforward_layernorm") if c.sandwich_norms else out)
+    x = norm(x, "model.norm")
     r = parse_dim("r")
     head = "model.embed_tokens" if c.tie_word_embeddings else "lm_head"
-    linear(x.narrow(0, s - r, r), head, c.vocab_size, d).output("logits")  # only the last r positions
+    logits = linear(x.narrow(0, s - r, r), head, c.vocab_size, d)  # only the last r positions
+    if c.final_softcap:
+        logits = _softcap(logits, c.final_softcap)
+    logits.output("logits")
     return g
+
+
+def _angles(inv_freq: GraphTensor, positions: GraphTensor) -> tuple[GraphTensor, GraphTensor]:
+    angles = positions * inv_freq  # (s, head_dim/2) at absolute positions
+    return angles.cos(), angles.sin()
+
+
+def _activation(x: GraphTensor, kind: str) -> GraphTensor:
+    if kind == "silu":
+        return x.silu()
+    return lm.gelu(x, approximate="tanh" if kind == "gelu_tanh" else "none")
+
+
+def _softcap(x: GraphTensor, cap: float) -> GraphTensor:
+    """cap * tanh(x / cap): Gemma 2's soft bound on attention scores and logits."""
+    return lm.tanh(x * (1.0 / cap)) * cap
 
 
 def _rope(x: GraphTensor, cos: GraphTensor, sin: GraphTensor, interleaved: bool) -> GraphTensor:
@@ -285,7 +597,10 @@ def _attention(q: GraphTensor, keys: GraphTensor, values: GraphTensor, visible: 
     s = q.dims[0]
     kv, groups, d = c.num_key_value_heads, c.groups, c.head_dim
     q = q.reshape(s, kv, groups, d).permute(1, 2, 0, 3)  # (kv, groups, s, d)
-    scores = (q @ keys.permute(1, 2, 0).unsqueeze(1)) * (1.0 / math.sqrt(d))  # (kv, groups, s, T)
+    scale = c.query_scale if c.query_scale is not None else 1.0 / math.sqrt(d)
+    scores = (q @ keys.permute(1, 2, 0).unsqueeze(1)) * scale  # (kv, groups, s, T)
+    if c.attn_softcap:
+        scores = _softcap(scores, c.attn_softcap)
     probs = scores.masked_fill(1.0 - visible, MASKED).softmax(-1)
     out = probs @ values.permute(1, 0, 2).unsqueeze(1)  # (kv, groups, s, d)
     return out.permute(2, 0, 1, 3).reshape(s, kv * groups * d)
@@ -293,37 +608,84 @@ def _attention(q: GraphTensor, keys: GraphTensor, values: GraphTensor, visible: 
 
 # -- running it ------------------------------------------------------------------------------------
 class KVCache:
-    """Keys and values of the tokens seen so far, in one growing position-major buffer.
+    """Keys and values of the tokens seen so far.
 
-    `k[:length]` is what the graph's k_cache input receives (a contiguous prefix, no copy);
-    slot 0 is the dummy the graph masks out, so `length` is one more than the tokens seen.
+    Full-attention layers share one growing position-major buffer: `k[:length]` is what the
+    graph's k_cache input receives (a contiguous prefix, no copy); slot 0 is the dummy the graph
+    masks out, so `length` is one more than the tokens seen. Sliding-window layers (when the
+    model has them) keep only the last window - 1 tokens, in a buffer of twice that: the graph's
+    k_local input is the held tokens plus the slot before them (masked out like the dummy), and
+    when the buffer's end is reached the held tokens move back to its start, once per window.
+    So their memory does not grow with the sequence.
     """
 
     def __init__(self, config: LlamaConfig, capacity: int = 256):
         self.config = config
-        shape = (capacity + 1, config.num_hidden_layers, config.num_key_value_heads, config.head_dim)
-        self.k, self.v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-        self.length = 1
+        self.full, self.sliding = config.layers_of(FULL), config.layers_of(SLIDING)
+        self.seen = 0
+        per_token = (config.num_key_value_heads, config.head_dim)
+        self.k = self.v = None
+        if self.full:
+            shape = (capacity + 1, len(self.full), *per_token)
+            self.k, self.v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        if self.sliding:
+            self.keep = config.sliding_window - 1  # what the next query can still see
+            shape = (1 + 2 * max(self.keep, 1), len(self.sliding), *per_token)
+            self.k_local, self.v_local = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            self.start, self.held = 1, 0  # the held tokens are k_local[start:start + held]
 
     @property
     def tokens(self) -> int:
-        """How many tokens the cache holds."""
-        return self.length - 1
+        """How many tokens the cache has seen."""
+        return self.seen
+
+    @property
+    def length(self) -> int:
+        return self.seen + 1
 
     def inputs(self) -> dict[str, np.ndarray]:
-        return {"k_cache": self.k[:self.length], "v_cache": self.v[:self.length]}
+        out = {}
+        if self.full:
+            out.update(k_cache=self.k[:self.length], v_cache=self.v[:self.length])
+        if self.sliding:
+            window = slice(self.start - 1, self.start + self.held)
+            out.update(k_local=self.k_local[window], v_local=self.v_local[window])
+        return out
+
+    def dims(self) -> dict[str, int]:
+        """Symbolic dims the inputs do not determine: p (tokens seen + 1) for sliding-window models."""
+        return {"p": self.length} if self.sliding else {}
 
     def append(self, outputs: dict[str, np.ndarray], count: int):
         """Store the graph's per-layer k{l}/v{l} outputs for `count` new tokens."""
-        end = self.length + count
-        if end > len(self.k):
-            grow = max(end, 2 * len(self.k))
-            self.k = np.concatenate([self.k, np.zeros((grow - len(self.k), *self.k.shape[1:]), np.float32)])
-            self.v = np.concatenate([self.v, np.zeros((grow - len(self.v), *self.v.shape[1:]), np.float32)])
-        for layer in range(self.config.num_hidden_layers):
-            self.k[self.length:end, layer] = outputs[f"k{layer}"]
-            self.v[self.length:end, layer] = outputs[f"v{layer}"]
-        self.length = end
+        if self.full:
+            end = self.length + count
+            if end > len(self.k):
+                grow = max(end, 2 * len(self.k))
+                extra = np.zeros((grow - len(self.k), *self.k.shape[1:]), np.float32)
+                self.k, self.v = np.concatenate([self.k, extra]), np.concatenate([self.v, extra])
+            for i, layer in enumerate(self.full):
+                self.k[self.length:end, i] = outputs[f"k{layer}"]
+                self.v[self.length:end, i] = outputs[f"v{layer}"]
+        if self.sliding:
+            self._append_local(outputs, count)
+        self.seen += count
+
+    def _append_local(self, outputs: dict[str, np.ndarray], count: int):
+        take = min(count, self.keep)  # older new tokens fall out of every later window
+        if self.start + self.held + take > len(self.k_local):  # move the still-visible tokens back
+            kept = min(self.held, self.keep - take)
+            source = slice(self.start + self.held - kept, self.start + self.held)
+            self.k_local[1:1 + kept] = self.k_local[source]
+            self.v_local[1:1 + kept] = self.v_local[source]
+            self.start, self.held = 1, kept
+        end = self.start + self.held + take
+        for i, layer in enumerate(self.sliding):
+            self.k_local[end - take:end, i] = outputs[f"k{layer}"][count - take:]
+            self.v_local[end - take:end, i] = outputs[f"v{layer}"][count - take:]
+        self.held += take
+        if self.held > self.keep:
+            self.start, self.held = self.start + self.held - self.keep, self.keep
 
 
 @dataclass
@@ -348,11 +710,15 @@ class LlamaModel:
         say = progress or (lambda message: None)
         started = time.perf_counter()
         graph = build_graph(config, weights)
+        weights.check_all_used()
         say(f"built the graph ({len(graph.nodes):,} nodes) in {time.perf_counter() - started:.1f} s; "
             f"compiling for {backend}...")
         started = time.perf_counter()
         self.program = graph.compile(backend, **compile_options)
-        self.program.set_inputs(weights.arrays, inv_freq=rope_inv_freq(config))
+        rope = {"inv_freq": rope_inv_freq(config, factors=weights.rope_factors)}
+        if "inv_freq_local" in graph.inputs:
+            rope["inv_freq_local"] = rope_inv_freq(config, local=True)
+        self.program.set_inputs(weights.arrays, **rope)
         say(f"compiled in {time.perf_counter() - started:.1f} s")
         self.stats = GenerationStats()
 
@@ -366,7 +732,8 @@ class LlamaModel:
         if cache.tokens + len(ids) > self.config.max_position_embeddings:
             raise ShapeError(f"sequence of {cache.tokens + len(ids)} tokens exceeds the model's context of "
                              f"{self.config.max_position_embeddings}")
-        out = self.program.run({"tokens": ids, **cache.inputs()}, dims={"r": 1 if last_only else len(ids)})
+        out = self.program.run({"tokens": ids, **cache.inputs()},
+                               dims={"r": 1 if last_only else len(ids), **cache.dims()})
         cache.append(out, len(ids))
         return out["logits"]
 
