@@ -45,14 +45,21 @@ def fold(node, inputs: list, attrs: dict, opsets: dict) -> list | None:
 
 
 def _reference(node, inputs, opsets) -> list | None:
+    """Evaluate one node with the onnx reference implementation of the model's opset version."""
+    from onnx import ValueInfoProto, helper
     from onnx.reference import ReferenceEvaluator
     feeds = {name: v for name, v in zip(node.input, inputs) if name and v is not None}
     try:
-        evaluator = ReferenceEvaluator(node, opsets=dict(opsets))
-        out = evaluator.run(None, feeds)
+        values = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), None)
+                  for name, v in feeds.items()]
+        outputs = [ValueInfoProto(name=name) for name in node.output if name]
+        graph = helper.make_graph([node], "fold", values, outputs)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()])
+        out = ReferenceEvaluator(model).run(None, feeds)
     except Exception:  # noqa: BLE001  (an op the reference cannot evaluate is built into the graph instead)
         return None
-    return [np.asarray(v) if v is not None else None for v in out]
+    results = iter(out)
+    return [np.asarray(next(results)) if name else None for name in node.output]
 
 
 # -- symbolic shape arithmetic --------------------------------------------------------------------

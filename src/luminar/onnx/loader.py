@@ -230,7 +230,9 @@ class Builder:
                                    f"{t.tensor_type.elem_type}") from None
         if not t.tensor_type.HasField("shape"):
             return TensorInfo(vi.name, dtype, None)
-        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+        # a negative dim_value or a "?" dim_param (some exporters) means: unknown, unnamed
+        shape = tuple((d.dim_value if d.dim_value >= 0 else None) if d.HasField("dim_value")
+                      else (d.dim_param if d.dim_param not in ("", "?") else None)
                       for d in t.tensor_type.shape.dim)
         return TensorInfo(vi.name, dtype, shape)
 
@@ -245,10 +247,8 @@ class Builder:
         name = _identifier(vi.name, self._names)
         dims = []
         for axis, d in enumerate(info.shape):
-            if isinstance(d, int) and d > 0:
+            if isinstance(d, int):
                 dims.append(d)
-            elif isinstance(d, int):
-                dims.append(d)  # a zero-size dim
             else:
                 key = d if d is not None else f"{vi.name}_dim{axis}"
                 dims.append(self.fixed_dims.get(key, _identifier(key, set()).lstrip("_") or "d"))
