@@ -213,3 +213,21 @@ def test_wrong_inputs_are_named():
         model({})
     with pytest.raises(InputError, match="unknown input 'z'"):
         model({"x": np.zeros((2, 8), np.float32), "z": np.zeros(1)})
+
+
+def test_cli_describes_and_runs_a_model(tmp_path, capsys):
+    from luminar.cli import main
+    proto = mlp_model()
+    onnx.save(proto, str(tmp_path / "mlp.onnx"))
+    x = np.random.default_rng(3).standard_normal((3, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["onnx", str(tmp_path / "mlp.onnx")]) == 0
+    text = capsys.readouterr().out
+    assert "x: float32 [batch, 8]" in text and "probs: float32 [batch, 4]" in text and "1  Softmax" in text
+    assert main(["onnx", str(tmp_path / "mlp.onnx"), "--input", f"x={tmp_path / 'x.npy'}", "--out-dir",
+                 str(tmp_path / "out"), "--backend", "reference"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "probs.npy"), ort_run(proto, {"x": x})["probs"],
+                               rtol=1e-5, atol=1e-6)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["probs.npy"]  # no temporary left behind
+    assert main(["onnx", str(tmp_path / "mlp.onnx"), "--input", "x=missing.npy"]) == 1
+    assert "input 'x': file 'missing.npy' does not exist" in capsys.readouterr().err
