@@ -49,7 +49,7 @@ from ..graph import Graph, parse_dim
 from ..tensor import GraphTensor
 from .audio import CHUNK_FRAMES, HOP_LENGTH, N_FFT, SAMPLE_RATE, load_audio, log_mel_spectrogram
 from .generate import Sampler, SamplingParams, generate_ids
-from .llama import MASKED, KVCache
+from .llama import MASKED, KVCache, LlamaConfig
 
 NO_SPEECH_THRESHOLD = 0.6   # faster-whisper's defaults for skipping a silent window
 LOG_PROB_THRESHOLD = -1.0
@@ -92,10 +92,13 @@ class WhisperConfig:
                    ffn_size=shape("decoder/layer_0/ffn/linear_0/weight")[0], vocab_size=shape("decoder/embeddings/weight")[0])
 
     @property
-    def cache_layout(self):
-        """What models.llama.KVCache needs to know of the decoder's self-attention."""
-        return SimpleNamespace(num_hidden_layers=self.decoder_layers, num_key_value_heads=self.decoder_heads,
-                               head_dim=self.d_model // self.decoder_heads)
+    def cache_layout(self) -> LlamaConfig:
+        """The decoder's self-attention as models.llama.KVCache sees it: every layer full attention,
+        as many key/value heads as query heads."""
+        return LlamaConfig(vocab_size=self.vocab_size, hidden_size=self.d_model, intermediate_size=self.ffn_size,
+                           num_hidden_layers=self.decoder_layers, num_attention_heads=self.decoder_heads,
+                           num_key_value_heads=self.decoder_heads, head_dim=self.d_model // self.decoder_heads,
+                           max_position_embeddings=self.n_text_ctx, architecture="whisper")
 
 
 class CT2Weights:
