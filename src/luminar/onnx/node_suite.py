@@ -105,7 +105,9 @@ def compare(expected: dict, actual: dict, rtol: float, atol: float) -> str:
             np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
         except AssertionError:
             g, w = got.astype(np.float64), want.astype(np.float64)
-            err = np.nanmax(np.abs(g - w)) if g.size else 0.0
+            with np.errstate(invalid="ignore"):
+                diff = np.abs(g - w)
+            err = float(np.max(np.where(np.isnan(diff), np.inf, diff))) if g.size else 0.0
             return f"output {name!r}: values differ (max abs error {err:.3g})"
     return ""
 
