@@ -134,19 +134,19 @@ SYMBOLIC = {
 
 
 def constant_node_value(node, attrs) -> np.ndarray:
-    """The value of a Constant node (any of its value attributes)."""
-    from onnx import numpy_helper
+    """The value of a Constant node (any of its value attributes, whatever their declared type)."""
+    from onnx import AttributeProto, helper, numpy_helper
     for a in node.attribute:
-        if a.name == "value":
+        if a.type == AttributeProto.TENSOR:
             return numpy_helper.to_array(a.t)
-        if a.name == "sparse_value":
+        if a.type == AttributeProto.SPARSE_TENSOR:
             from onnx.reference import ReferenceEvaluator
             return ReferenceEvaluator(node).run(None, {})[0]
-    for name, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
-                        ("value_ints", np.int64)):
-        if name in attrs:
-            return np.array(attrs[name], dtype=dtype)
-    if "value_string" in attrs or "value_strings" in attrs:
-        return np.array(attrs.get("value_string", attrs.get("value_strings")), dtype=object)
+        value = helper.get_attribute_value(a)
+        if a.type in (AttributeProto.INT, AttributeProto.INTS):
+            return np.array(value, dtype=np.int64)
+        if a.type in (AttributeProto.FLOAT, AttributeProto.FLOATS):
+            return np.array(value, dtype=np.float32)
+        if a.type in (AttributeProto.STRING, AttributeProto.STRINGS):
+            return np.array(value, dtype=object)
     raise ValueError(f"Constant node {node.name!r} has no value attribute")
-

@@ -307,9 +307,81 @@ class Builder:
                 return folded
         fn = OPS.get((domain, node.op_type))
         if fn is None:
-            raise UnsupportedError(f"op {node.op_type!r} of domain {domain or 'ai.onnx'!r} is not supported by luminar")
+            function = self._function(node, domain, opset, inputs)
+            if function is None:
+                raise UnsupportedError(f"op {node.op_type!r} of domain {domain or 'ai.onnx'!r} is not supported by "
+                                       f"luminar")
+            return self._inline(node, function, inputs)
         out = fn(NodeContext(self, node, opset), *inputs)
         return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    # -- functions: ops defined as a graph of other ops ---------------------------------------------
+    def _function(self, node, domain, opset, inputs):
+        """The FunctionProto defining `node`: a model-local function, or the op's function body in the
+        ONNX schema (context-dependent ones are specialized to the input types); None if neither."""
+        from onnx import FunctionProto, defs, helper
+        self._schema_defaults = {}
+        for f in self.model.functions:
+            if f.name == node.op_type and (f.domain or "") == domain:
+                return f
+        try:
+            schema = defs.get_schema(node.op_type, opset, domain)
+        except Exception:  # noqa: BLE001  (no such op in the schema registry)
+            return None
+        proto = FunctionProto()
+        self._schema_defaults = {name: a.default_value for name, a in schema.attributes.items()
+                                 if a.default_value.type != 0}  # (0: UNDEFINED, no default)
+        if schema.has_function:
+            proto.ParseFromString(schema.get_function_with_opset_version(opset) if schema.function_opset_versions
+                                  else schema.function_body.SerializeToString())
+            return proto
+        if schema.has_context_dependent_function:
+            types = []
+            for value in inputs:
+                if value is None:
+                    types.append(b"")
+                    continue
+                dims = [d if isinstance(d, int) else str(d) for d in
+                        ([int(v) if getattr(v, "is_const", True) else str(v) for v in value.shape]
+                         if isinstance(value, Traced) else value.shape)]
+                types.append(helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(dtype_of(value)), dims)
+                             .SerializeToString())
+            try:
+                proto.ParseFromString(schema.get_context_dependent_function(node.SerializeToString(), types))
+            except Exception:  # noqa: BLE001  (the schema could not specialize the function)
+                return None
+            return proto if proto.node else None
+        return None
+
+    def _inline(self, node, function, inputs) -> list:
+        """Build a function's body in its own scope: formal inputs bound to the node's values,
+        attribute references replaced by the node's attributes (or the function's defaults)."""
+        from onnx import NodeProto
+        actual = {a.name: a for a in node.attribute}
+        defaults = {**self._schema_defaults, **{a.name: a for a in function.attribute_proto}}
+        scope = {formal: value for formal, value in zip(function.input, inputs) if value is not None}
+        saved = dict(self.opsets)
+        self.opsets.update({("" if o.domain == "ai.onnx" else o.domain): o.version for o in function.opset_import})
+        self.env_stack.append(scope)  # subgraphs inside the body see the function's scope
+        try:
+            for index, inner in enumerate(function.node):
+                bound = NodeProto()
+                bound.CopyFrom(inner)
+                del bound.attribute[:]
+                for a in inner.attribute:
+                    if not a.ref_attr_name:
+                        bound.attribute.append(a)
+                        continue
+                    source = actual.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+                    if source is not None:
+                        copy = bound.attribute.add()
+                        copy.CopyFrom(source)
+                        copy.name = a.name
+                self.run_node(bound, scope, index)
+        finally:
+            self.opsets = saved
+            self.env_stack.pop()
+        return [scope.get(name) for name in function.output]
 
 
 class OnnxModel:

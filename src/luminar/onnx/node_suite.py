@@ -127,9 +127,10 @@ def run_luminar(case: Case, backend: str = "reference", model=None, inputs=None,
                 loaded = load(model, constants=constants)
                 break
             except NeedsConstant as e:
-                if e.tensor not in inputs or e.tensor in constants:
+                needed = [name for name in _source_inputs(model, e.tensor) if name in inputs and name not in constants]
+                if not needed:
                     raise
-                constants[e.tensor] = inputs[e.tensor]
+                constants.update({name: inputs[name] for name in needed})
         loaded.compile(backend)
         result.folded = not loaded.graph.outputs
         feeds = {k: v for k, v in inputs.items() if k not in constants}
@@ -145,6 +146,22 @@ def run_luminar(case: Case, backend: str = "reference", model=None, inputs=None,
     result.constants = sorted(constants)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _source_inputs(model, tensor: str) -> list[str]:
+    """The graph inputs that `tensor` is computed from (itself, if it is one)."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    seen, stack, found = set(), [tensor], []
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in producer:
+            stack.extend(i for i in producer[name].input if i)
+        else:
+            found.append(name)
+    return found
 
 
 def run_onnxruntime(case: Case, model=None, inputs=None, expected=None) -> Result:

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import tensor as lt
 from ..errors import ShapeError, UnsupportedError
-from .registry import dtype_of, is_float, known_dims, op
+from .registry import dtype_of, is_float, known_dims, op, shape_of
 
 BOOL = np.dtype(np.bool_)
 
@@ -253,9 +253,23 @@ def is_inf(ctx, x):
     return ctx.traced(inf, BOOL)
 
 
+def _all_infinite(value, sign) -> bool:
+    return isinstance(value, np.ndarray) and value.size > 0 and value.dtype.kind == "f" and \
+        bool(np.all(np.isinf(value) & (np.sign(value) == sign)))
+
+
 @op("Where")
 def where(ctx, condition, a, b):
-    return ctx.traced(lt.where(ctx.tensor(condition), ctx.tensor(a), ctx.tensor(b)), dtype_of(a))
+    cond = ctx.tensor(condition).ne(0.0)
+    # Selection is arithmetic (c * a + (1 - c) * b), so an infinite branch would give 0 * inf = NaN;
+    # masks that select -inf or +inf are common, and log2 of the 0/1 condition selects them exactly.
+    shape = lt.broadcast_shapes(cond.dims, tuple(shape_of(a)), tuple(shape_of(b)))
+    for sign in (-1, 1):
+        if _all_infinite(b, sign):
+            return ctx.traced((ctx.tensor(a) + (-sign) * cond.log2()).broadcast_to(shape), dtype_of(a))
+        if _all_infinite(a, sign):
+            return ctx.traced((ctx.tensor(b) + (-sign) * (1.0 - cond).log2()).broadcast_to(shape), dtype_of(b))
+    return ctx.traced(lt.where(cond, ctx.tensor(a), ctx.tensor(b)), dtype_of(a))
 
 
 # -- reductions ---------------------------------------------------------------------------------------

@@ -426,9 +426,6 @@ def rms_normalization(ctx, x, scale):
 
 
 # -- attention (opset 23) ------------------------------------------------------------------------------
-_MASKED = -1e30  # stands for -inf: luminar constants are finite, and softmax gives the same zeros
-
-
 def _heads(t, heads):
     """(batch, seq, heads * size) -> (batch, heads, seq, size)."""
     b, s, hidden = t.dims
@@ -467,15 +464,15 @@ def attention(ctx, q, k, v, mask=None, past_key=None, past_value=None, nonpad_kv
     if mask is not None:
         m = ctx.tensor(mask)
         if dtype_of(mask) == np.bool_:
-            m = (1.0 - m.ne(0.0)) * _MASKED
+            m = m.ne(0.0).log2()  # 0 where attending, -inf (log2 of 0) where masked
         short = kv_len - to_int(m.dims[-1])
         if short > 0:
-            m = m.pad([0, short], value=_MASKED)
+            m = lm_cat([m, ctx.tensor(np.full(known_dims(m.dims[:-1], "the mask") + [short], -np.inf, np.float32))],
+                       -1)
         bias = m
     if ctx.attr("is_causal", 0):
-        rows = ctx.graph.arange(q_len).reshape(q_len, 1)
-        cols = ctx.graph.arange(kv_len).reshape(1, kv_len)
-        causal = cols.gt(rows + float(past)) * _MASKED
+        allowed = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + past
+        causal = ctx.tensor(np.where(allowed, 0.0, -np.inf).astype(np.float32))
         bias = causal if bias is None else bias + causal
     with_bias = scores if bias is None else scores + bias
     probs = with_bias.softmax(-1)
