@@ -385,16 +385,17 @@ class SequenceRunner:
         grads = runner.backward(d_output, d_h_n, d_c_n)  # {"input": ..., "h0": ..., "weight_ih_l0": ...}
 
     The programs have the step count ``s`` and the batch ``b`` symbolic, so new lengths and batch
-    sizes never recompile. Weights are read from the module at each call (so training it between
+    sizes never recompile. `compile_options` go to every `Graph.compile` (e.g. ``search=30,
+    search_dims={"b": 16, "s": 128}`` to pick the step's matmul schedule by measurement). Weights are read from the module at each call (so training it between
     calls works). `backward` differentiates the last call (backpropagation through time over the
     whole sequence), returning the gradients of sum(output * d_output) + sum(h_n * d_h_n) (+ c_n's),
     torch's `backward(...)` semantics, under torch's parameter names.
     """
 
-    def __init__(self, module: RNNBase, backend: str = "cpu"):
+    def __init__(self, module: RNNBase, backend: str = "cpu", **compile_options):
         if not isinstance(module, RNNBase):
             raise UnsupportedError(f"SequenceRunner runs nn.RNN, nn.LSTM or nn.GRU, got {type(module).__name__}")
-        self.module, self.backend = module, backend
+        self.module, self.backend, self.compile_options = module, backend, compile_options
         self._programs: dict[tuple, object] = {}
         self._saved = None
         # compile what forward needs now: the step (the same for every layer) and each input size's projection
@@ -412,7 +413,10 @@ class SequenceRunner:
         if key not in self._programs:
             graph = Graph()
             getattr(self, f"_build_{kind}")(graph, size)
-            self._programs[key] = graph.compile(self.backend)
+            options = dict(self.compile_options)
+            if "search_dims" in options:  # the step graphs have no `s`: give each graph only its own dims
+                options["search_dims"] = {d: v for d, v in options["search_dims"].items() if d in graph.dims()}
+            self._programs[key] = graph.compile(self.backend, **options)
         return self._programs[key]
 
     def _weights(self, graph: Graph, which: str, size: int):
