@@ -22,12 +22,13 @@ from collections.abc import Callable
 from ..errors import WeightFileError
 from .generate import SamplingParams, Sampler
 from .llama import KVCache, LlamaConfig, LlamaModel, Weights
+from .llava import LlavaModel, load_llava  # vision-language (LLaVA), see llava.py
 from .whisper import WhisperModel, load_whisper  # speech recognition (Whisper tiny.en), see whisper.py
 from .bert import SentenceEmbedder, load_embedder  # sentence embeddings (all-MiniLM-L6-v2), see bert.py
 from .mobilenet import ImageClassifier, load_classifier  # ImageNet classification (MobileNetV2), see mobilenet.py
 
 __all__ = ["load", "LlamaModel", "LlamaConfig", "KVCache", "SamplingParams", "Sampler",
-           "load_embedder", "SentenceEmbedder", "load_classifier", "ImageClassifier", "load_whisper", "WhisperModel"]
+           "load_embedder", "SentenceEmbedder", "load_classifier", "ImageClassifier", "load_whisper", "WhisperModel", "load_llava", "LlavaModel"]
 
 
 def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None = None,
