@@ -527,3 +527,29 @@ def softmax_cross_entropy(ctx, scores, labels, weight=None):
     loss = nll(log_probs, ctx.tensor(labels), weight=w, ignore_index=ctx.attr("ignore_index", -100),
                reduction=ctx.attr("reduction", "mean"))
     return _same(ctx, scores, loss), _same(ctx, scores, log_probs)
+
+
+def _determinant(t, rows: list[int], cols: list[int]):
+    """det of the sub-matrix (rows x cols) of t's last two dims by cofactor expansion along the first row."""
+    if len(rows) == 1:
+        return t.narrow(-2, rows[0], 1).narrow(-1, cols[0], 1).squeeze(-1).squeeze(-1)
+    total = None
+    for k, col in enumerate(cols):
+        entry = t.narrow(-2, rows[0], 1).narrow(-1, col, 1).squeeze(-1).squeeze(-1)
+        term = entry * _determinant(t, rows[1:], cols[:k] + cols[k + 1:])
+        total = term if total is None else (total + term if k % 2 == 0 else total - term)
+    return total
+
+
+@op("Det")
+def det(ctx, x):
+    t = ctx.tensor(x)
+    n = known_dims(t.dims[-1:], "Det")[0]
+    if n > 5:
+        raise UnsupportedError(f"Det of {n}x{n} matrices (cofactor expansion is built up to 5x5)")
+    return _same(ctx, x, _determinant(t, list(range(n)), list(range(n))))
+
+
+@op("Binarizer", domain="ai.onnx.ml")
+def binarizer(ctx, x):
+    return _same(ctx, x, ctx.tensor(x).gt(ctx.attr("threshold", 0.0)))

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from ..errors import UnsupportedError
+from ..errors import ShapeError, UnsupportedError
 from ..library import nn_ops
 from ..library.indexing import cat as lm_cat
 from .registry import dtype_of, is_const, known_dims, op, to_int
@@ -485,3 +485,113 @@ def attention(ctx, q, k, v, mask=None, past_key=None, past_value=None, nonpad_kv
     dtype = dtype_of(q)
     return (ctx.traced(y, dtype), ctx.traced(present_k, dtype), ctx.traced(present_v, dtype),
             ctx.traced(qk, dtype))
+
+
+# -- grid sampling ---------------------------------------------------------------------------------
+def _reflect(v, low: float, high: float):
+    """Reflect v by the nearer border until it lies in [low, high] (ONNX's _gs_reflect), elementwise."""
+    span = high - low
+    below, above = v.lt(low), v.gt(high)
+    dx = below * (low - v) + above * (v - high)  # distance past the border crossed (0 inside)
+    n = (dx / span).trunc()
+    r = dx - n * span
+    even = 1.0 - n.fmod(2.0)
+    from_low = even * (low + r) + (1.0 - even) * (high - r)
+    from_high = even * (high - r) + (1.0 - even) * (low + r)
+    return below * from_low + above * from_high + (1.0 - below - above) * v
+
+
+def _cubic_weights(t):
+    a = -0.75
+    t1, t2, t3 = t + 1.0, 1.0 - t, 2.0 - t
+    return [((a * t1 - 5 * a) * t1 + 8 * a) * t1 - 4 * a,
+            ((a + 2) * t - (a + 3)) * t * t + 1.0,
+            ((a + 2) * t2 - (a + 3)) * t2 * t2 + 1.0,
+            ((a * t3 - 5 * a) * t3 + 8 * a) * t3 - 4 * a]
+
+
+@op("GridSample")
+def grid_sample(ctx, x, grid):
+    """Each output point reads the input through a sampling matrix: per spatial dim, the taps of
+    the interpolation (index, weight) as a one-hot; their product over dims, times the input."""
+    t, g = ctx.tensor(x), ctx.tensor(grid)
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(ctx.attr("mode", "linear"), ctx.attr("mode", "linear"))
+    padding, align = ctx.attr("padding_mode", "zeros"), ctx.attr("align_corners", 0)
+    sizes = known_dims(t.dims[2:], "GridSample")
+    r = len(sizes)
+    n, c = t.dims[0], t.dims[1]
+    per_dim = []
+    for i, size in enumerate(sizes):
+        coord = g.narrow(-1, r - 1 - i, 1).squeeze(-1)  # the grid lists x (the last dim) first
+        coord = (coord + 1.0) * (0.5 * (size - 1)) if align else ((coord + 1.0) * size - 1.0) * 0.5
+        if mode == "nearest":
+            coord = coord.round()
+        low, high = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        if padding == "border":
+            coord = coord.clamp(0.0, size - 1.0)
+        elif padding == "reflection":
+            coord = _reflect(coord, low, high)
+        if mode == "nearest":
+            taps = [(coord, None)]
+        else:
+            base = coord.floor()
+            frac = coord - base
+            if mode == "linear":
+                taps = [(base, 1.0 - frac), (base + 1.0, frac)]
+            else:
+                taps = [(base + float(k - 1), w) for k, w in enumerate(_cubic_weights(frac))]
+        matrix = None
+        for index, weight in taps:
+            if padding == "border":
+                index = index.clamp(0.0, size - 1.0)
+            elif padding == "reflection":
+                index = _reflect(index, low, high).trunc()
+            hot = index.unsqueeze(-1).eq(ctx.graph.arange(size))  # zeros padding: out of range matches nothing
+            term = hot if weight is None else hot * weight.unsqueeze(-1)
+            matrix = term if matrix is None else matrix + term
+        per_dim.append(matrix)  # (N, *out, size_i)
+    out_dims = list(g.dims[1:-1])
+    sampling = None
+    for i, matrix in enumerate(per_dim):
+        shape = [n, *out_dims] + [sizes[k] if k == i else 1 for k in range(r)]
+        term = matrix.reshape(*shape)
+        sampling = term if sampling is None else sampling * term
+    sampling = sampling.reshape(n, -1, math.prod(sizes))  # (N, points, pixels)
+    out = t.reshape(n, c, math.prod(sizes)) @ sampling.mT  # (N, C, points)
+    return _same(ctx, x, out.reshape(n, c, *out_dims))
+
+
+# -- Fourier transforms ------------------------------------------------------------------------------
+@op("DFT")
+def dft(ctx, x, dft_length=None, axis=None):
+    """A DFT along one axis is linear in the (real, imaginary) input: a matmul with the matrix the
+    onnx reference op produces on an identity basis at load time (so onesided/inverse/length
+    semantics are ONNX's own)."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+    t = ctx.tensor(x)
+    rank = t.ndim
+    a = ctx.attr("axis", 1) if ctx.opset < 20 else (-2 if axis is None else ctx.ints(axis, "axis", 2)[0])
+    a = a % rank
+    if a == rank - 1:
+        raise ShapeError("DFT: the last axis holds the (real, imaginary) pair, it cannot be transformed")
+    n_in, parts = known_dims([t.dims[a], t.dims[-1]], "DFT")
+    inputs, feeds = ["X"], {}
+    if dft_length is not None:
+        inputs.append("L")
+        feeds["L"] = np.asarray(ctx.const(dft_length, "dft_length", 1)).astype(np.int64)
+    attrs = {k: v for k, v in ctx.attrs.items() if k in ("inverse", "onesided")}
+    if ctx.opset >= 20:
+        inputs += [""] * (2 - len(inputs)) + ["A"]
+        feeds["A"] = np.array(1, np.int64)
+    else:
+        attrs["axis"] = 1
+    node = helper.make_node("DFT", inputs, ["Y"], **attrs)
+    width = n_in * parts
+    basis = np.eye(width, dtype=np.float32).reshape(width, n_in, parts)
+    matrix = ReferenceEvaluator(node, opsets={"": ctx.opset}).run(None, {"X": basis, **feeds})[0]
+    n_out, parts_out = matrix.shape[1], matrix.shape[2]
+    moved = t.transpose(a, -2) if a != rank - 2 else t
+    flat = moved.reshape(*moved.dims[:-2], width) @ ctx.tensor(matrix.reshape(width, n_out * parts_out))
+    out = flat.reshape(*moved.dims[:-2], n_out, parts_out)
+    return _same(ctx, x, out.transpose(a, -2) if a != rank - 2 else out)
