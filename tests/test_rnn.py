@@ -305,3 +305,30 @@ def test_bad_inputs_raise_luminar_errors():
         runner.backward(np.zeros((5, 1, 8)))
     with pytest.raises(lm.UnsupportedError, match="dropout between layers in training mode"):
         nn.SequenceRunner(nn.GRU(3, 4, num_layers=2, dropout=0.5), "reference")(np.zeros((2, 1, 3)))
+
+
+def test_unbatched_initial_states_and_symbolic_batch_match_torch():
+    """Unbatched input with (h0, c0) on both paths, and an unrolled graph whose batch dim is symbolic."""
+    ours, theirs = make_pair("LSTM-batch_first-nobias")  # batch_first does not apply to unbatched input
+    x, h0, c0 = rand(5, FEATURES, seed=10), rand(1, HIDDEN, seed=11), rand(1, HIDDEN, seed=12)
+    with torch.no_grad():
+        e_out, (e_h, e_c) = theirs(torch.from_numpy(x), (torch.from_numpy(h0), torch.from_numpy(c0)))
+    out, (h_n, c_n) = nn.SequenceRunner(ours, "reference")(x, (h0, c0))
+    for got, expected, what in ((out, e_out, "output"), (h_n, e_h, "h_n"), (c_n, e_c, "c_n")):
+        assert got.shape == tuple(expected.shape)
+        close(got, expected.numpy(), f"runner {what}")
+    g = lm.Graph()
+    out, (h_n, _) = ours(g.tensor("x", x.shape), (g.tensor("h0", h0.shape), g.tensor("c0", c0.shape)))
+    out.output("out"), h_n.output("h_n")
+    result = g.compile("reference").set_inputs(ours.inputs(g))(x=x, h0=h0, c0=c0)
+    close(result["out"], e_out.numpy(), "graph output")
+    close(result["h_n"], e_h.numpy(), "graph h_n")
+
+    g = lm.Graph()  # a symbolic batch: one program for every batch size
+    out, _ = ours(g.tensor("x", ("b", 3, FEATURES)))
+    out.output("out")
+    program = g.compile("reference").set_inputs(ours.inputs(g))
+    for batch in (1, 4):
+        xb = rand(batch, 3, FEATURES, seed=batch)
+        with torch.no_grad():
+            close(program(x=xb)["out"], theirs(torch.from_numpy(xb))[0].numpy(), f"batch {batch}")

@@ -96,10 +96,17 @@ def _mode(name: str, nonlinearity: str) -> str:
     return "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU"
 
 
-def _check_features(op: str, input: GraphTensor, input_size: int) -> None:
+def _check_input(op: str, input, batched_rank: int, input_size: int) -> bool:
+    """Check a layer's or cell's input (a GraphTensor of the batched rank or one less); True if unbatched."""
+    if not isinstance(input, GraphTensor):
+        raise UnsupportedError(f"{op}: input must be a GraphTensor, got {type(input).__name__}")
+    if input.ndim not in (batched_rank, batched_rank - 1):
+        raise ShapeError(f"{op}: expected a {batched_rank}-D (batched) or {batched_rank - 1}-D (unbatched) input, "
+                         f"got shape {show_shape(input.dims)}")
     if input.dims[-1] != input_size:
         raise ShapeError(f"{op}: input has {input.dims[-1]} features (last dim of shape {show_shape(input.dims)}), "
                          f"expected input_size={input_size}")
+    return input.ndim == batched_rank - 1
 
 
 def _check_state(op: str, what: str, state, expected: tuple) -> None:
@@ -183,13 +190,7 @@ class RNNBase(Module):
         T must be a concrete int (see the module docstring; SequenceRunner runs run-time lengths).
         """
         name = self._name
-        if not isinstance(input, GraphTensor):
-            raise UnsupportedError(f"{name}: input must be a GraphTensor, got {type(input).__name__}")
-        if input.ndim not in (2, 3):
-            raise ShapeError(f"{name}: expected a 3-D (batched) or 2-D (unbatched) input, got shape "
-                             f"{show_shape(input.dims)}")
-        _check_features(name, input, self.input_size)
-        unbatched = input.ndim == 2
+        unbatched = _check_input(name, input, 3, self.input_size)
         x = input.unsqueeze(1) if unbatched else (input.transpose(0, 1) if self.batch_first else input)
         steps = x.dims[0]
         if not steps.is_const:
@@ -300,14 +301,8 @@ class RNNCellBase(Module):
     def forward(self, input: GraphTensor, hx=None):
         """h' (RNNCell, GRUCell) or (h', c') (LSTMCell, hx = (h, c)); input (B, input_size) or unbatched (input_size,)."""
         name = PUBLIC_NAME[self.mode] + "Cell"
-        if not isinstance(input, GraphTensor):
-            raise UnsupportedError(f"{name}: input must be a GraphTensor, got {type(input).__name__}")
-        if input.ndim not in (1, 2):
-            raise ShapeError(f"{name}: expected a 2-D (batched) or 1-D (unbatched) input, got shape "
-                             f"{show_shape(input.dims)}")
-        _check_features(name, input, self.input_size)
+        unbatched = _check_input(name, input, 2, self.input_size)
         graph = input.graph
-        unbatched = input.ndim == 1
         x = input.unsqueeze(0) if unbatched else input
         expected = (self.hidden_size,) if unbatched else (x.dims[0], self.hidden_size)
         zeros = graph.constant(0.0, (x.dims[0], self.hidden_size))
