@@ -70,12 +70,12 @@ PUBLIC_NAME = {"RNN_TANH": "RNN", "RNN_RELU": "RNN", "LSTM": "LSTM", "GRU": "GRU
 def cell_update(mode: str, gx: GraphTensor, gh: GraphTensor, h: GraphTensor, c: GraphTensor | None):
     """(h', c') of one step from the projections gx = W_ih x + b_ih and gh = W_hh h + b_hh.
 
-    c is the LSTM's cell state (None for the others; c' is then None too).
+    c is the LSTM's cell state (None for the others; c' is then None too); h is read by the GRU only.
     """
     if mode in ("RNN_TANH", "RNN_RELU"):
         total = gx + gh
         return (tanh(total) if mode == "RNN_TANH" else relu(total)), None
-    size = h.dims[-1]
+    size = gh.shape[-1] // GATES[mode]
     if mode == "LSTM":
         gates = gx + gh
         i, f, g, o = (gates[..., k * size:(k + 1) * size] for k in range(4))
@@ -437,17 +437,30 @@ class SequenceRunner:
         h_next.output("h_next")
         if c_next is not None:
             c_next.output("c_next")
+        gh.output("gh")  # kept for the backward step, which then needs no second matmul
 
     def _build_step_backward(self, graph: Graph, size: int) -> None:
-        """One step's vector-Jacobian product: from d h_next (and d c_next) to d gx, d gh, d h, d c."""
-        gx, gh, h, c = self._state_inputs(graph)
-        h_next, c_next = cell_update(self.module.mode, gx, gh, h, c)
-        hidden = self.module.hidden_size
+        """One step's vector-Jacobian product: from d h_next (and d c_next) to d gx, d gh, d h, d c.
+
+        gh (W_hh h + b_hh) comes from the forward step, so the gates are recomputed without the
+        matmul; d h is what flows through gh (d_gh W_hh) plus what the update uses h for directly
+        (the GRU's z h).
+        """
+        hidden, mode = self.module.hidden_size, self.module.mode
+        rows = GATES[mode] * hidden
+        gx, gh = graph.tensor("gx", ("b", rows)), graph.tensor("gh", ("b", rows))
+        h = graph.tensor("h", ("b", hidden)) if mode == "GRU" else None  # the others read h only through gh
+        c = graph.tensor("c", ("b", hidden)) if mode == "LSTM" else None
+        h_next, c_next = cell_update(mode, gx, gh, h, c)
         loss = (h_next * graph.tensor("d_h_next", ("b", hidden))).sum()
         if c_next is not None:
             loss = loss + (c_next * graph.tensor("d_c_next", ("b", hidden))).sum()
-        wanted = [gx, gh, h] + ([c] if c is not None else [])
-        for name, value in zip(("d_gx", "d_gh", "d_h", "d_c"), grad(loss, wanted)):
+        wanted = [gx, gh] + ([h] if mode == "GRU" else []) + ([c] if c is not None else [])
+        grads = dict(zip(["d_gx", "d_gh"] + (["d_h"] if mode == "GRU" else []) + (["d_c"] if c is not None else []),
+                         grad(loss, wanted)))
+        through_gh = grads["d_gh"] @ graph.tensor("weight_hh", (rows, hidden))
+        grads["d_h"] = grads["d_h"] + through_gh if "d_h" in grads else through_gh
+        for name, value in grads.items():
             value.output(name)
 
     def _build_projection(self, graph: Graph, size: int) -> None:
@@ -537,6 +550,7 @@ class SequenceRunner:
                 hidden_params = {"weight_hh": params["weight_hh"],
                                  **({"bias_hh": params["bias_hh"]} if m.bias else {})}
                 h, c = np.ascontiguousarray(h0[k]), (np.ascontiguousarray(c0[k]) if lstm else None)
+                gh = np.empty_like(gx)
                 h_prev = np.empty((steps, batch, m.hidden_size), np.float32)
                 c_prev = np.empty_like(h_prev) if lstm else None
                 out = np.empty_like(h_prev)
@@ -546,14 +560,15 @@ class SequenceRunner:
                     if lstm:
                         c_prev[t] = c
                         result = call(gx=gx[t], h=h, c=c)
-                        h, c = result["h_next"], result["c_next"]
+                        c = result["c_next"]
                     else:
-                        h = call(gx=gx[t], h=h)["h_next"]
-                    out[t] = h
+                        result = call(gx=gx[t], h=h)
+                    h = result["h_next"]
+                    out[t], gh[t] = h, result["gh"]
                 outputs.append(out)
                 h_n.append(h)
                 c_n.append(c)
-                saved.append((x, gx, h_prev, c_prev))
+                saved.append((x, gx, gh, h_prev, c_prev))
             x = outputs[0] if len(outputs) == 1 else np.concatenate(outputs, -1)
         self._saved = (saved, unbatched, steps, batch)
         output = x[:, 0] if unbatched else (x.transpose(1, 0, 2) if m.batch_first else x)
@@ -585,16 +600,18 @@ class SequenceRunner:
             d_input = None
             for direction, suffix in enumerate(m._suffixes()):
                 k = layer * m.num_directions + direction
-                x, gx, h_prev, c_prev = saved[k]
+                x, gx, gh, h_prev, c_prev = saved[k]
                 params = self._parameters(layer, suffix)
                 hidden_params = {"weight_hh": params["weight_hh"],
                                  **({"bias_hh": params["bias_hh"]} if m.bias else {})}
                 d_gx, d_gh = np.empty_like(gx), np.empty_like(gx)
                 dh, dc = d_hn[k], (d_cn[k] if lstm else None)
                 columns = slice(direction * hidden, (direction + 1) * hidden)
-                call = _Steps(step_backward, hidden_params)
+                call = _Steps(step_backward, {"weight_hh": params["weight_hh"]})
                 for t in (range(steps) if direction else range(steps - 1, -1, -1)):  # forward order reversed
-                    inputs = dict(gx=gx[t], h=h_prev[t], d_h_next=np.ascontiguousarray(dh + d_out[t][:, columns]))
+                    inputs = dict(gx=gx[t], gh=gh[t], d_h_next=np.ascontiguousarray(dh + d_out[t][:, columns]))
+                    if m.mode == "GRU":
+                        inputs["h"] = h_prev[t]
                     if lstm:
                         inputs.update(c=c_prev[t], d_c_next=np.ascontiguousarray(dc))
                     result = call(**inputs)
