@@ -332,3 +332,44 @@ def test_unbatched_initial_states_and_symbolic_batch_match_torch():
         xb = rand(batch, 3, FEATURES, seed=batch)
         with torch.no_grad():
             close(program(x=xb)["out"], theirs(torch.from_numpy(xb))[0].numpy(), f"batch {batch}")
+
+
+def test_training_an_unrolled_gru_with_trainstep_follows_torch_sgd():
+    """A GRU + linear head trained by a compiled TrainStep (forward, BPTT, SGD in one program) takes
+    torch's steps: the same losses, and the same weights after three steps."""
+    from luminar.optim import SGD, TrainStep
+
+    class Tagger(nn.Module):  # per-step regression from a 2-layer GRU
+        def __init__(self, lib):
+            super().__init__()
+            self.gru, self.head = lib.GRU(3, 6, num_layers=2), lib.Linear(6, 1)
+
+        def forward(self, x):
+            return self.head(self.gru(x)[0])
+
+    class TorchTagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gru, self.head = torch.nn.GRU(3, 6, num_layers=2), torch.nn.Linear(6, 1)
+
+        def forward(self, x):
+            return self.head(self.gru(x)[0])
+
+    torch.manual_seed(4)
+    theirs, ours = TorchTagger(), Tagger(nn)
+    ours.load_state_dict(theirs.state_dict())
+    x, target = rand(7, 2, 3, seed=13), rand(7, 2, 1, seed=14)
+    g = lm.Graph()
+    prediction = ours(g.tensor("x", x.shape))
+    loss = lm.mse_loss(prediction, g.tensor("target", target.shape))
+    train = TrainStep.for_module(ours, loss, SGD(lr=0.5), backend="reference")
+    optimizer = torch.optim.SGD(theirs.parameters(), lr=0.5)
+    for step in range(3):
+        optimizer.zero_grad()
+        expected = torch.nn.functional.mse_loss(theirs(torch.from_numpy(x)), torch.from_numpy(target))
+        expected.backward()
+        optimizer.step()
+        assert train.step({"x": x, "target": target}) == pytest.approx(expected.item(), rel=1e-4), f"step {step}"
+    trained = train.params()
+    for name, value in theirs.state_dict().items():
+        close(trained[name], value.numpy(), f"{name} after 3 steps")
