@@ -22,12 +22,13 @@ A luminar graph is static and has no loop primitive, so there are two ways to ru
    trains it, and the compiled program runs all steps in one call with no Python in between.
    The price is compile time linear in T (the graph and its C grow with the steps; repeated
    steps share one C function, but lowering still visits every node) and one program per length.
-   Use it for fixed, modest lengths (a few hundred steps) and for training inside larger graphs.
+   Use it for fixed, short lengths (tens of steps) and for training inside larger graphs.
 2. **Stepped, from Python** (`SequenceRunner`). A handful of small programs are compiled once,
    with the number of steps ``s`` and the batch ``b`` symbolic: per layer input size, the input
    projection for all steps (one matmul), one cell step (the state is an input and an output,
    ``Graph.update``-style, fed back by the runner), and for training the step's backward (built by
-   `lm.grad` from the step graph) and the weight gradients of the whole sequence (two matmuls over
+   `lm.grad` from the step's gate arithmetic; ``W_hh h + b_hh`` is kept from the forward step, so
+   only ``d_gh W_hh`` is a matmul) and the weight gradients of the whole sequence (two matmuls over
    s * b rows). Python calls the step program T times per layer and direction. Compile time does
    not depend on the length at all, and any length runs without recompiling; the price is one
    program call per step (Python and binding overhead, tens of microseconds) and no fusion across
