@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo setup clean loc
+.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,9 @@ bench-search: $(STAMP)
 
 bench-zoo: $(STAMP)
 	$(VPY) bench/zoo.py
+
+bench-whisper: $(STAMP)
+	$(VPY) bench/whisper.py
 
 loc:
 	$(PY) ../shared/tools/loc.py --per-file

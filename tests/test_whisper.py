@@ -163,7 +163,8 @@ def test_log_mel_matches_faster_whisper():
     np.testing.assert_allclose(audio.mel_filters(), reference.mel_filters, rtol=1e-5, atol=1e-8)
     rng = np.random.default_rng(0)
     for samples in (rng.standard_normal(16_000).astype(np.float32) * 0.1,
-                    np.sin(np.arange(5000) * 0.05).astype(np.float32)):
+                    np.sin(np.arange(5000) * 0.05).astype(np.float32),
+                    rng.standard_normal(61 * SAMPLE_RATE).astype(np.float32) * 0.1):  # over a minute: 2 blocks
         np.testing.assert_allclose(log_mel_spectrogram(samples), reference(samples), atol=2e-5)
 
 

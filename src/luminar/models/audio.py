@@ -118,6 +118,7 @@ def mel_filters(sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT, n_mels: int 
 
 
 _FILTERS = mel_filters()
+_FRAMES_PER_BLOCK = 6000  # one minute
 
 
 def log_mel_spectrogram(samples: np.ndarray, padding: int = HOP_LENGTH) -> np.ndarray:
@@ -135,10 +136,13 @@ def log_mel_spectrogram(samples: np.ndarray, padding: int = HOP_LENGTH) -> np.nd
         raise InputError(f"audio too short: {len(samples) - padding} samples ({(len(samples) - padding) / SAMPLE_RATE * 1000:.1f} "
                          f"ms); a frame needs at least {N_FFT // 2 + 1 - padding} samples")
     padded = np.pad(samples, N_FFT // 2, mode="reflect")
-    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH]
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH][:-1]  # the last is dropped
     window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)  # periodic Hann
-    spectrum = np.fft.rfft(frames * window, axis=-1)
-    power = (spectrum.real ** 2 + spectrum.imag ** 2).astype(np.float32)[:-1].T  # the last frame is dropped
-    log_spec = np.log10(np.maximum(_FILTERS @ power, 1e-10))
+    mel = np.empty((N_MELS, len(frames)), np.float32)
+    for start in range(0, len(frames), _FRAMES_PER_BLOCK):  # blocks bound the memory of an hour of audio
+        spectrum = np.fft.rfft(frames[start:start + _FRAMES_PER_BLOCK] * window, axis=-1)
+        power = (spectrum.real ** 2 + spectrum.imag ** 2).astype(np.float32)
+        mel[:, start:start + len(power)] = _FILTERS @ power.T
+    log_spec = np.log10(np.maximum(mel, 1e-10))
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
