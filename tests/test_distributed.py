@@ -1,0 +1,138 @@
+"""luminar.distributed on 2-4 MPI ranks of this machine (mpirun --oversubscribe).
+
+Each test launches `mpirun -n N python tests/test_distributed.py SCENARIO DIR ...` with a deadline;
+the scenario functions at the bottom are what every rank runs. Ranks check what only they can
+see (bit-identical results on every rank) and write their results to DIR; the test compares them
+with a single-process reference computed here: numpy for the collectives, a plain TrainStep on the
+full batch for data parallel, transformers and luminar's own LlamaModel for the Llama runs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (mpirun) is not installed")
+
+TIMEOUT = 150  # seconds for one mpirun (compiles included); a hang fails the test instead of the suite
+
+
+def _launch(ranks: int, *args, timeout: float = TIMEOUT, expect_ok: bool = True):
+    from luminar.distributed.launch import run_ranks
+    done = run_ranks(ranks, [sys.executable, os.path.abspath(__file__), *map(str, args)], timeout=timeout,
+                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if expect_ok:
+        assert done.returncode == 0, f"mpirun -n {ranks} failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+# -- the data-parallel model, shared by the ranks and the reference ------------------------------
+DP_STEPS, DP_LR = 20, 0.02
+
+
+def _dp_data(batch: int):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((DP_STEPS, batch, 6)).astype(np.float32)
+    y = np.sin(x[..., :3] * 1.5) + 0.1 * rng.standard_normal((DP_STEPS, batch, 3)).astype(np.float32)
+    init = {"w1": 0.5 * rng.standard_normal((6, 16)), "b1": np.zeros(16), "w2": 0.5 * rng.standard_normal((16, 3)),
+            "b2": np.zeros(3)}
+    return x, y.astype(np.float32), {k: v.astype(np.float32) for k, v in init.items()}
+
+
+def _dp_model():
+    """An MLP regression loss over a symbolic batch "n": (loss, params) in a fresh graph."""
+    import luminar as lm
+    g = lm.Graph()
+    x, y = g.tensor("x", ("n", 6)), g.tensor("y", ("n", 3))
+    params = {"w1": g.tensor("w1", (6, 16)), "b1": g.tensor("b1", (16,)), "w2": g.tensor("w2", (16, 3)),
+              "b2": g.tensor("b2", (3,))}
+    hidden = lm.tanh(x @ params["w1"] + params["b1"])
+    loss = lm.mse_loss(hidden @ params["w2"] + params["b2"], y)
+    return loss, params
+
+
+def _dp_optimizer():
+    from luminar.optim import AdamW
+    return AdamW(lr=DP_LR, weight_decay=0.01)
+
+
+def _reference_training(batch: int, steps: int = DP_STEPS, start: int = 0, checkpoint=None):
+    from luminar.optim import TrainStep
+    x, y, init = _dp_data(batch)
+    loss, params = _dp_model()
+    train = TrainStep(loss, params, _dp_optimizer(), init)
+    if checkpoint is not None:
+        train.load(checkpoint)
+    losses = [train.step({"x": x[i], "y": y[i]}) for i in range(start, start + steps)]
+    return {k: np.array(v) for k, v in train.params().items()}, losses
+
+
+@pytest.mark.parametrize("ranks, batch", [(2, 16), (4, 16), (4, 18)])  # 18 rows: shards of 5, 5, 4, 4
+def test_data_parallel_equals_single_process_training(tmp_path, ranks, batch):
+    _launch(ranks, "data_parallel", tmp_path, batch)
+    expected, losses = _reference_training(batch)
+    result = np.load(tmp_path / "params.npz")
+    for key, value in expected.items():
+        np.testing.assert_allclose(result[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(result["losses"], losses, rtol=1e-5)
+    # the checkpoint written (once, by rank 0) after 10 steps loads into a plain TrainStep
+    assert sorted(os.listdir(tmp_path)) == ["half.safetensors", "params.npz"]
+    resumed, _ = _reference_training(batch, steps=10, start=10, checkpoint=tmp_path / "half.safetensors")
+    for key, value in expected.items():
+        np.testing.assert_allclose(resumed[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_a_checkpoint_saved_on_two_ranks_continues_on_three(tmp_path):
+    _launch(2, "data_parallel", tmp_path, 12)
+    os.rename(tmp_path / "params.npz", tmp_path / "two.npz")
+    _launch(3, "data_parallel_resume", tmp_path, 12)
+    expected, _ = _reference_training(12)
+    result = np.load(tmp_path / "params.npz")
+    for key, value in expected.items():
+        np.testing.assert_allclose(result[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+# -- rank scenarios ------------------------------------------------------------------------------
+def _rank_data_parallel(comm, directory: str, batch: str):
+    from luminar.distributed.data_parallel import DataParallel
+    batch = int(batch)
+    x, y, init = _dp_data(batch)
+    loss, params = _dp_model()
+    train = DataParallel(loss, params, _dp_optimizer(), init, comm=comm, bucket_bytes=256)
+    assert len(train.buckets) > 1  # small buckets, so several messages are in flight per step
+    losses = []
+    for i in range(DP_STEPS):
+        losses.append(train.step({"x": x[i], "y": y[i]}))
+        if i == 9:
+            train.save(os.path.join(directory, "half.safetensors"))
+    train.check_replicas()
+    if comm.rank == 0:
+        np.savez(os.path.join(directory, "params.npz"), losses=np.array(losses), **train.params())
+
+
+def _rank_data_parallel_resume(comm, directory: str, batch: str):
+    from luminar.distributed.data_parallel import DataParallel
+    batch = int(batch)
+    x, y, init = _dp_data(batch)
+    loss, params = _dp_model()
+    train = DataParallel(loss, params, _dp_optimizer(), init, comm=comm)
+    train.load(os.path.join(directory, "half.safetensors"))
+    assert train.step_count == 10
+    for i in range(10, DP_STEPS):  # each rank passes only its own rows this time
+        rows = np.array_split(np.arange(batch), comm.size)[comm.rank]
+        train.step({"x": x[i][rows], "y": y[i][rows]}, sharded=True)
+    train.check_replicas()
+    if comm.rank == 0:
+        np.savez(os.path.join(directory, "params.npz"), **train.params())
+
+
+SCENARIOS = {name[len("_rank_"):]: fn for name, fn in dict(globals()).items() if name.startswith("_rank_")}
+
+if __name__ == "__main__":
+    from luminar.distributed.launch import as_rank
+    scenario = SCENARIOS[sys.argv[1]]
+    sys.exit(as_rank(lambda comm: scenario(comm, *sys.argv[2:])))
