@@ -146,3 +146,25 @@ def test_a_tensor_reading_outside_its_storage_is_refused(tmp_path):
     path.write_bytes(patched)
     with pytest.raises(WeightFileError, match="outside its storage"):
         read_torch_checkpoint(path)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_torch_checkpoint_loads_into_luminar_nn(tmp_path, layout):
+    import luminar as lm
+    from luminar import nn
+    torch.manual_seed(0)
+    theirs = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                 torch.nn.Flatten(), torch.nn.Linear(4 * 5 * 5, 6)).eval()
+    with torch.no_grad():  # statistics that are not the defaults, so loading them matters
+        theirs[1].running_mean.uniform_(-1, 1)
+        theirs[1].running_var.uniform_(0.5, 2)
+    path = save(theirs.state_dict(), tmp_path / "model.pt", layout)
+    ours = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 5 * 5, 6)).eval()
+    ours.load_state_dict(load_torch_state_dict(path))  # strict: every name and shape is torch's
+    x = np.random.default_rng(0).standard_normal((2, 3, 5, 5)).astype(np.float32)
+    g = lm.Graph()
+    ours(g.tensor("x", (2, 3, 5, 5))).output("y")
+    out = g.compile("reference").set_inputs(ours.inputs(g))(x=x)["y"]
+    with torch.no_grad():
+        np.testing.assert_allclose(out, theirs(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)

