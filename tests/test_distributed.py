@@ -96,6 +96,63 @@ def test_a_checkpoint_saved_on_two_ranks_continues_on_three(tmp_path):
         np.testing.assert_allclose(result[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+# -- tensor parallel Llama ------------------------------------------------------------------------
+IDS = [3, 17, 99, 5, 64, 2, 7, 120, 33, 0, 125, 64]
+
+
+def _small_llama(kind: str):
+    """A 2-layer transformers model whose heads (12 over 6 KV heads), MLP (192) and vocabulary (126)
+    split over 2 and 3 ranks, with weights large enough that mistakes show."""
+    import torch
+    import transformers
+    common = dict(hidden_size=96, intermediate_size=192, num_attention_heads=12, num_key_value_heads=6,
+                  num_hidden_layers=2, vocab_size=126, max_position_embeddings=256)
+    if kind == "qwen2":  # q/k/v biases, tied embeddings
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=True))
+    else:
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, tie_word_embeddings=False))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.2 if "norm" in name else 0.15
+            p.copy_((1.0 if "norm" in name else 0.0) + scale * torch.randn(p.shape, generator=generator))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def llama_references(tmp_path_factory):
+    """{kind: (directory, transformers logits, luminar single-process logits, greedy ids, weight bytes)}."""
+    import torch
+    from luminar.models import load
+    out = {}
+    for kind in ("llama", "qwen2"):
+        model = _small_llama(kind)
+        directory = tmp_path_factory.mktemp(kind)
+        model.save_pretrained(directory)
+        with torch.no_grad():
+            reference = model(torch.tensor([IDS])).logits[0].numpy()
+            greedy = model.generate(torch.tensor([IDS[:6]]), max_new_tokens=8, min_new_tokens=8,
+                                    do_sample=False)[0, 6:].tolist()
+        single = load(directory, backend="cpu")
+        weight_bytes = sum(p.numel() * 4 for name, p in model.state_dict().items() if name != "lm_head.weight"
+                           or not model.config.tie_word_embeddings)
+        out[kind] = (directory, reference, single.logits(np.array(IDS, np.int32)), greedy, weight_bytes)
+    return out
+
+
+@pytest.mark.parametrize("kind, ranks", [("llama", 2), ("llama", 3), ("qwen2", 2)])
+def test_tensor_parallel_llama_equals_one_process(tmp_path, llama_references, kind, ranks):
+    directory, reference, single, greedy, weight_bytes = llama_references[kind]
+    _launch(ranks, "tensor_parallel", tmp_path, directory)
+    result = np.load(tmp_path / "result.npz")
+    np.testing.assert_allclose(result["logits"], single, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(result["logits"], reference, atol=1e-4, rtol=0)
+    assert result["greedy"].tolist() == greedy
+    # each rank holds its 1/N of the weights, plus the replicated norms (a few hundred floats)
+    for held in result["resident"]:
+        assert weight_bytes / ranks <= held < weight_bytes / ranks * 1.03, (held, weight_bytes)
+
+
 # -- rank scenarios ------------------------------------------------------------------------------
 def _rank_data_parallel(comm, directory: str, batch: str):
     from luminar.distributed.data_parallel import DataParallel
@@ -128,6 +185,19 @@ def _rank_data_parallel_resume(comm, directory: str, batch: str):
     train.check_replicas()
     if comm.rank == 0:
         np.savez(os.path.join(directory, "params.npz"), **train.params())
+
+
+def _rank_tensor_parallel(comm, directory: str, model_dir: str):
+    import hashlib
+    from luminar.distributed.tensor_parallel import TensorParallelLlama
+    model = TensorParallelLlama(model_dir, comm)
+    logits = model.logits(IDS)
+    comm.agree(hashlib.sha256(logits.tobytes()).hexdigest(), "the logits")  # the same bits on every rank
+    greedy = model.generate_greedy(IDS[:6], 8)
+    comm.agree(greedy, "the greedy tokens")
+    resident = comm.all_gather_object(model.resident_weight_bytes)
+    if comm.rank == 0:
+        np.savez(os.path.join(directory, "result.npz"), logits=logits, greedy=np.array(greedy), resident=resident)
 
 
 SCENARIOS = {name[len("_rank_"):]: fn for name, fn in dict(globals()).items() if name.startswith("_rank_")}

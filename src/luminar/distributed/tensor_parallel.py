@@ -1,0 +1,275 @@
+"""Tensor-parallel Llama inference: each rank holds 1/N of every large weight.
+
+    comm = Communicator.world()
+    model = TensorParallelLlama("model_dir", comm)     # a Hugging Face directory (safetensors)
+    logits = model.logits(ids)                         # (seq, vocab): identical on every rank
+    new_ids = model.generate_greedy(ids, 16)
+
+The split (Megatron-LM's): in attention, rank r owns query heads [r H/N, (r+1) H/N) and the key /
+value heads they read (GQA groups stay whole), i.e. rows of q/k/v_proj (column-parallel) and the
+matching columns of o_proj (row-parallel); in the MLP it owns 1/N of the intermediate columns:
+rows of gate/up_proj, columns of down_proj. Each rank's o_proj / down_proj product is a partial
+sum of the full one, so each attention and each MLP ends in one all-reduce (two per layer).
+Embedding and output layer are split by vocabulary: rank r's rows of the table embed the tokens
+in its range (the others give zero rows, then an all-reduce), and its rows of lm_head give its
+slice of the logits (an all-gather). Norms are small and replicated. Biases of row-parallel
+layers are added once, after the all-reduce. The KV cache is split the same way as the heads:
+each rank caches only its own key/value heads (llama.KVCache of the rank's local config).
+
+The graph is built here from llama.py's public pieces (LlamaConfig, rope_inv_freq, KVCache) and its
+RoPE / attention / activation helpers, on a CollectiveGraph: the collectives cut it into
+segments, each compiled normally (see collective.py). Weights are read from the memory-mapped
+checkpoint one shard at a time, so a rank never loads the rest. Supported: the Llama, Mistral
+(without sliding windows), Qwen2 and SmolLM layouts (biases, tied embeddings, GQA, rope scaling).
+Refused with UnsupportedError: sliding-window layers, q/k norms, Gemma's sandwich norms, and head
+or vocabulary counts that do not divide by the number of ranks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+import luminar as lm
+
+from ..errors import ShapeError, UnsupportedError, WeightFileError
+from ..graph import parse_dim
+from ..models.llama import KVCache, LlamaConfig, rope_inv_freq
+from ..models.llama import _activation, _angles, _attention, _rope  # the single-process model's own math
+from .collective import CollectiveGraph
+from .comm import Communicator
+
+
+# -- reading a checkpoint one shard at a time -------------------------------------------------
+class ShardReader:
+    """A Hugging Face model directory's config and memory-mapped tensors; `rows`/`columns` copy
+    out one block (only those bytes are read), as float32."""
+
+    def __init__(self, directory):
+        from ..io.safetensors import load_safetensors, read_config
+        self.directory = str(directory)
+        self.config = LlamaConfig.from_hf(read_config(directory))
+        self.tensors = load_safetensors(directory)  # memory-mapped views: nothing is read yet
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def _get(self, name: str, shape: tuple) -> np.ndarray:
+        if name not in self.tensors:
+            raise WeightFileError(f"{self.directory}: missing tensor {name!r}")
+        array = self.tensors[name]
+        if tuple(array.shape) != tuple(shape):
+            raise WeightFileError(f"{self.directory}: tensor {name!r} has shape {tuple(array.shape)}, "
+                                  f"the config expects {tuple(shape)}")
+        return array
+
+    def full(self, name: str, shape: tuple) -> np.ndarray:
+        return np.array(self._get(name, shape), np.float32)
+
+    def rows(self, name: str, shape: tuple, start: int, stop: int) -> np.ndarray:
+        return np.array(self._get(name, shape)[start:stop], np.float32)
+
+    def columns(self, name: str, shape: tuple, start: int, stop: int) -> np.ndarray:
+        return np.ascontiguousarray(self._get(name, shape)[:, start:stop], np.float32)
+
+
+# -- the split ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Which part of every weight rank `rank` of `size` holds."""
+    config: LlamaConfig
+    rank: int
+    size: int
+
+    def __post_init__(self):
+        c, n = self.config, self.size
+        unsupported = [what for what, on in (("sliding-window layers", c.has_sliding), ("q/k norms", c.qk_norm),
+                                             ("sandwich norms", c.sandwich_norms)) if on]
+        if unsupported:
+            raise UnsupportedError(f"tensor parallel {c.architecture}: {unsupported[0]} are not supported")
+        for what, count in (("key/value heads", c.num_key_value_heads), ("MLP columns", c.intermediate_size),
+                            ("vocabulary rows", c.vocab_size)):
+            if count % n:
+                raise UnsupportedError(f"tensor parallel: {count} {what} do not split evenly over {n} ranks "
+                                       f"(run with a number of ranks that divides {count})")
+
+    @property
+    def local(self) -> LlamaConfig:
+        """The config of one rank's slice: its heads (the cache and attention use it)."""
+        c = self.config
+        return dataclasses.replace(c, num_attention_heads=c.num_attention_heads // self.size,
+                                   num_key_value_heads=c.num_key_value_heads // self.size)
+
+    def span(self, total: int) -> tuple[int, int]:
+        per = total // self.size
+        return self.rank * per, (self.rank + 1) * per
+
+
+def _reduce_over(cg: CollectiveGraph | None, tp_size: int):
+    """all_reduce(partial, carry) on the tensor-parallel group, or nothing when it has one rank."""
+    def reduce(partial, carry):
+        if tp_size == 1:
+            return (partial, *carry)
+        return cg.all_reduce(partial, carry=carry)
+    return reduce
+
+
+def build_layers(cg: CollectiveGraph, shard: Shard, reader: ShardReader, weights: dict, layers: Sequence[int],
+                 x=None, embed: bool = True, head: bool = True):
+    """Add Llama layers `layers` (and the embedding first / the norm and lm_head last) to `cg`,
+    split by `shard` (a one-rank shard: no split). Weights read go into `weights` (input name ->
+    array). `x` is the hidden state to start from when embed is False. Returns the hidden state
+    (when head is False) or the logits tensor, marked as output "logits"."""
+    c, local = shard.config, shard.local
+    d, hd = c.hidden_size, c.head_dim
+    heads, kv = local.num_attention_heads, local.num_key_value_heads
+    reduce = _reduce_over(cg, shard.size)
+
+    def w(name, full_shape, split=None):
+        """Declare weight `name` of the checkpoint; split "rows"/"columns" takes this rank's block
+        (scaled: head-structured weights pass their block size in full_shape already)."""
+        if name not in weights:
+            if split is None:
+                weights[name] = reader.full(name, full_shape)
+            else:
+                axis = 0 if split == "rows" else 1
+                start, stop = shard.span(full_shape[axis])
+                read = reader.rows if split == "rows" else reader.columns
+                weights[name] = read(name, full_shape, start, stop)
+        return cg.tensor(_input_name(name), weights[name].shape)
+
+    def norm(x, name):
+        scale = w(name + ".weight", (d,))
+        return lm.rms_norm(x, (d,), scale + c.norm_offset if c.norm_offset else scale, c.rms_norm_eps)
+
+    def column(x, name, n_out, bias):
+        return lm.linear(x, w(name + ".weight", (n_out, d), "rows"), w(name + ".bias", (n_out,), "rows") if bias else None)
+
+    def row(x, name, n_in):
+        return x @ w(name + ".weight", (d, n_in), "columns").T
+
+    def bias_after_reduce(x, name, on):
+        return x + w(name + ".bias", (d,)) if on else x
+
+    vocab_start, vocab_stop = shard.span(c.vocab_size)
+    if embed:
+        tokens = cg.tensor("tokens", ("s",), "int32")
+        table = w("model.embed_tokens.weight", (c.vocab_size, d), "rows")
+        x = lm.one_hot(tokens - float(vocab_start), vocab_stop - vocab_start) @ table  # zero rows off this shard
+        if shard.size > 1:
+            x = cg.all_reduce(x)
+        if c.embedding_scale is not None:
+            x = x * float(np.float32(c.embedding_scale))
+    for i, layer in enumerate(layers):
+        p = f"model.layers.{layer}."
+        k_cache, v_cache = cg.tensor("k_cache", ("t", len(layers), kv, hd)), cg.tensor("v_cache", ("t", len(layers), kv, hd))
+        s, t = x.dims[0], k_cache.dims[0]
+        slot = cg.graph.arange(t + s)  # as in llama.build_graph: slot 0 is the masked dummy
+        visible = slot.ge(1.0) * slot.le(cg.graph.arange(t, t + s).unsqueeze(-1))
+        cos, sin = _angles(cg.tensor("inv_freq", (hd // 2,)), cg.graph.arange(t - 1, t - 1 + s).unsqueeze(-1))
+        h = norm(x, p + "input_layernorm")
+        q = column(h, p + "self_attn.q_proj", c.num_attention_heads * hd, c.attention_bias).reshape(s, heads, hd)
+        k = column(h, p + "self_attn.k_proj", c.num_key_value_heads * hd, c.attention_bias).reshape(s, kv, hd)
+        v = column(h, p + "self_attn.v_proj", c.num_key_value_heads * hd, c.attention_bias).reshape(s, kv, hd)
+        q = _rope(q, cos, sin, c.rope_interleaved)
+        k = _rope(k, cos, sin, c.rope_interleaved).output(f"k{i}")
+        v = v.output(f"v{i}")
+        keys, values = lm.cat([k_cache[:, i], k], 0), lm.cat([v_cache[:, i], v], 0)
+        attended = row(_attention(q, keys, values, visible, local), p + "self_attn.o_proj", c.num_attention_heads * hd)
+        attended, x = reduce(attended, [x])
+        x = x + bias_after_reduce(attended, p + "self_attn.o_proj", c.output_bias)
+        h = norm(x, p + "post_attention_layernorm")
+        gate = column(h, p + "mlp.gate_proj", c.intermediate_size, c.mlp_bias)
+        up = column(h, p + "mlp.up_proj", c.intermediate_size, c.mlp_bias)
+        out = row(_activation(gate, c.hidden_act) * up, p + "mlp.down_proj", c.intermediate_size)
+        out, x = reduce(out, [x])
+        x = x + bias_after_reduce(out, p + "mlp.down_proj", c.mlp_bias)
+    if not head:
+        return x
+    x = norm(x, "model.norm")
+    r = parse_dim("r")
+    name = "model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"
+    logits = x.narrow(0, x.dims[0] - r, r) @ w(name, (c.vocab_size, d), "rows").T  # this rank's vocabulary slice
+    if shard.size > 1:
+        logits = cg.all_gather(logits, axis=1)
+    if c.final_softcap:
+        logits = lm.tanh(logits * (1.0 / c.final_softcap)) * c.final_softcap
+    return logits.output("logits")
+
+
+def _input_name(weight_name: str) -> str:
+    """A graph input name (an identifier) for a checkpoint tensor name."""
+    return "w_" + weight_name.replace(".", "_")
+
+
+class TensorParallelLlama:
+    """A Llama-family checkpoint split over the ranks of `comm` (see the module docstring)."""
+
+    def __init__(self, directory, comm: Communicator | None = None, backend: str = "cpu",
+                 progress: Callable[[str], None] | None = None, **compile_options):
+        self.comm = comm or Communicator.world()
+        reader = ShardReader(directory)
+        self.config = reader.config
+        self.shard = Shard(self.config, self.comm.rank, self.comm.size)
+        self.comm.agree((self.config, self.comm.size), "the model and the number of ranks")
+        say = progress or (lambda message: None)
+        cg = CollectiveGraph(self.comm)
+        weights = {}
+        build_layers(cg, self.shard, reader, weights, range(self.config.num_hidden_layers))
+        unused = sorted(set(reader.tensors) - set(weights) - _ignorable(reader, self.config))
+        if unused:
+            raise WeightFileError(f"{directory}: tensors this model does not use: {unused[:3]}; luminar does not "
+                                  f"implement what they are for")
+        say(f"rank {self.comm.rank}: {len(cg.segments)} segments, compiling for {backend}...")
+        self.program = cg.compile(backend, **compile_options)
+        self.program.set_inputs({_input_name(k): v for k, v in weights.items()},
+                                inv_freq=rope_inv_freq(self.config))
+        self.resident_weight_bytes = self.program.resident_bytes()
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        """This rank's KV cache: only its own key/value heads."""
+        return KVCache(self.shard.local, capacity)
+
+    def forward(self, token_ids: Sequence[int], cache: KVCache, last_only: bool = True) -> np.ndarray:
+        ids = _check_ids(token_ids, self.config)
+        if cache.tokens + len(ids) > self.config.max_position_embeddings:
+            raise ShapeError(f"sequence of {cache.tokens + len(ids)} tokens exceeds the model's context of "
+                             f"{self.config.max_position_embeddings}")
+        out = self.program.run({"tokens": ids, **cache.inputs()}, dims={"r": 1 if last_only else len(ids)})
+        cache.append(out, len(ids))
+        return out["logits"]
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Logits (seq, vocab) for every position, the same bits on every rank."""
+        return self.forward(token_ids, self.new_cache(len(token_ids)), last_only=False)
+
+    def generate_greedy(self, token_ids: Sequence[int], max_new_tokens: int, stop_ids=()) -> list[int]:
+        """Greedy continuation: every rank computes the same logits, so every rank picks the same
+        token without a broadcast."""
+        cache = self.new_cache(len(token_ids) + max_new_tokens)
+        new, logits = [], self.forward(token_ids, cache)
+        for _ in range(max_new_tokens):
+            token = int(np.argmax(logits[-1]))
+            new.append(token)
+            if token in stop_ids or len(new) == max_new_tokens:
+                break
+            logits = self.forward([token], cache)
+        return new
+
+
+def _ignorable(reader: ShardReader, config: LlamaConfig) -> set[str]:
+    """Stored tensors a model legitimately does not read (as llama.Weights.from_state_dict allows)."""
+    names = {n for n in reader.tensors if n.endswith("rotary_emb.inv_freq")}
+    if config.tie_word_embeddings and "lm_head.weight" in reader.tensors:
+        names.add("lm_head.weight")
+    return names
+
+
+def _check_ids(token_ids, config: LlamaConfig) -> np.ndarray:
+    ids = np.asarray(token_ids)
+    if ids.ndim != 1 or len(ids) == 0 or ids.dtype.kind not in "iu":
+        raise ShapeError(f"token ids must be a non-empty 1-D sequence of ints, got {ids.dtype} shape {ids.shape}")
+    if ids.min() < 0 or ids.max() >= config.vocab_size:
+        raise ShapeError(f"token ids must be in 0..{config.vocab_size - 1}, got {ids.min()}..{ids.max()}")
+    return ids.astype(np.int32)
