@@ -5,9 +5,9 @@ batch 16 (input size 256), forward and forward + backward.
     from zoo_rnn import run_rnn_rows   # bench/zoo.py: [{"case", "luminar_ms", "torch_ms", "onnxruntime_ms", "note"}]
 
 luminar runs the LSTM with `nn.SequenceRunner` (the design for run-time lengths, see
-luminar/nn/rnn.py): one input-projection matmul per layer over all steps and one compiled step
-program called per step from Python; forward + backward adds the step's backward per step and the
-weight gradients as two matmuls over the sequence. The step programs are compiled with the search
+luminar/nn/rnn.py): one input-projection matmul per layer over all steps and a compiled program of
+8 unrolled steps called per 8 steps from Python (chunk=8); forward + backward adds the step's
+backward per step and the weight gradients as two matmuls over the sequence. The step programs are compiled with the search
 (`search_dims` at this batch and length), since the default schedule of a 16-row matmul is slow on
 a CPU without AVX-512. Peers in the same run: torch eager (`torch.nn.LSTM`, its default threads)
 and, for the forward pass, onnxruntime on the torch.onnx export of the same module. Outputs and
@@ -32,6 +32,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 LAYERS, HIDDEN, STEPS, BATCH, FEATURES = 2, 256, 128, 16, 256
 SEARCH_S = 20  # the search budget for each step program (cached on disk afterwards)
+CHUNK = 8  # forward steps per program call (SequenceRunner's chunk)
 CASE = f"LSTM {LAYERS} layers x {HIDDEN} hidden x {STEPS} steps, batch {BATCH}"
 
 
@@ -91,7 +92,7 @@ def run_rnn_rows(idle_wait_s: float = 30.0, budget_s: float = 4.0) -> list[dict]
     x = rng.standard_normal((STEPS, BATCH, FEATURES)).astype(np.float32)
     d_out = rng.standard_normal((STEPS, BATCH, HIDDEN)).astype(np.float32)
     start = time.perf_counter()
-    runner = nn.SequenceRunner(ours, "cpu", search=SEARCH_S, search_dims={"b": BATCH, "s": STEPS})
+    runner = nn.SequenceRunner(ours, "cpu", chunk=CHUNK, search=SEARCH_S, search_dims={"b": BATCH, "s": STEPS})
     runner_compile_s = time.perf_counter() - start
     session = _onnxruntime_session(theirs, x)
     x_torch, d_torch = torch.from_numpy(x), torch.from_numpy(d_out)
@@ -130,7 +131,8 @@ def run_rnn_rows(idle_wait_s: float = 30.0, budget_s: float = 4.0) -> list[dict]
     training = interleaved({"luminar": luminar_training, "torch": torch_training}, max_rounds=15, min_rounds=3,
                            budget_s=budget_s)
     load = "idle machine" if idle["idle"] else f"machine busy (idle fractions {idle['idle_fractions']})"
-    common = f"{load}; luminar: SequenceRunner, step programs searched ({runner_compile_s:.1f} s compile)"
+    common = (f"{load}; luminar: SequenceRunner chunk={CHUNK}, programs searched "
+              f"({runner_compile_s:.1f} s compile)")
     rows = [
         {"case": f"{CASE}, forward", "luminar_ms": timed["luminar"]["median_ms"],
          "torch_ms": timed["torch"]["median_ms"],

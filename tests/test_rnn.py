@@ -216,11 +216,11 @@ RUNNER_CASES = [("reference", name) for name in CONFIGS] + \
 
 
 @pytest.mark.parametrize("backend,name", RUNNER_CASES)
-def test_runner_forward_and_backward_match_torch_at_several_lengths(backend, name):
+def test_runner_forward_and_backward_match_torch_at_several_lengths(backend, name, chunk=1):
     ours, theirs = make_pair(name)
-    runner = nn.SequenceRunner(ours, backend)
+    runner = nn.SequenceRunner(ours, backend, chunk=chunk)
     programs = dict(runner._programs)
-    for steps, batch in ((3, 2), (7, 1)):  # new lengths and batch sizes reuse the same programs
+    for steps, batch in ((3, 2), (7, 1), (1, 2)):  # new lengths and batch sizes reuse the same programs
         x, hx = sequence(ours, steps, batch, seed=steps), initial_state(ours, batch, seed=steps + 1)
         out, states = runner(x, hx)
         states = states if isinstance(states, tuple) else (states,)
@@ -233,6 +233,12 @@ def test_runner_forward_and_backward_match_torch_at_several_lengths(backend, nam
         for key in expected_grads:
             close(grads[key], expected_grads[key], f"gradient of {key} at {steps} steps")
     assert all(runner._programs[key] is program for key, program in programs.items())
+
+
+@pytest.mark.parametrize("name", ["RNN-relu-2layers-nobias", "LSTM-2layers-bidirectional", "GRU-2layers"])
+def test_runner_with_chunks_of_steps_matches_torch(name):
+    """chunk=3: 7 steps run as two 3-step programs and one single step, 3 steps as one chunk; 1 as a step."""
+    test_runner_forward_and_backward_match_torch_at_several_lengths("reference", name, chunk=3)
 
 
 def test_runner_compile_time_does_not_grow_with_the_length():
@@ -303,6 +309,8 @@ def test_bad_inputs_raise_luminar_errors():
     runner(np.zeros((5, 1, 3), np.float32))
     with pytest.raises(lm.ShapeError, match=r"expected grad_output of shape \(5, 1, 4\)"):
         runner.backward(np.zeros((5, 1, 8)))
+    with pytest.raises(lm.ValueDomainError, match="chunk must be a positive int"):
+        nn.SequenceRunner(lstm, "reference", chunk=0)
     with pytest.raises(lm.UnsupportedError, match="dropout between layers in training mode"):
         nn.SequenceRunner(nn.GRU(3, 4, num_layers=2, dropout=0.5), "reference")(np.zeros((2, 1, 3)))
 
