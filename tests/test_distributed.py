@@ -98,6 +98,7 @@ def test_a_checkpoint_saved_on_two_ranks_continues_on_three(tmp_path):
 
 # -- tensor parallel Llama ------------------------------------------------------------------------
 IDS = [3, 17, 99, 5, 64, 2, 7, 120, 33, 0, 125, 64]
+PIPELINE_BATCHES = [IDS, IDS[3:8], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42]]  # micro-batches of different lengths
 
 
 def _small_llama(kind: str):
@@ -153,6 +154,19 @@ def test_tensor_parallel_llama_equals_one_process(tmp_path, llama_references, ki
         assert weight_bytes / ranks <= held < weight_bytes / ranks * 1.03, (held, weight_bytes)
 
 
+def test_pipeline_llama_streams_micro_batches(tmp_path, llama_references):
+    from luminar.models import load
+    directory, reference, single, greedy, weight_bytes = llama_references["llama"]
+    _launch(2, "pipeline", tmp_path, directory)
+    result = np.load(tmp_path / "result.npz")
+    model = load(directory, backend="cpu")
+    for j, ids in enumerate(PIPELINE_BATCHES):
+        np.testing.assert_allclose(result[f"logits{j}"], model.logits(np.array(ids, np.int32)), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(result["logits0"], single, atol=1e-4, rtol=0)
+    assert result["greedy"].tolist() == greedy
+    assert all(held < 0.8 * weight_bytes for held in result["resident"])  # each stage: its layers and one table
+
+
 # -- rank scenarios ------------------------------------------------------------------------------
 def _rank_data_parallel(comm, directory: str, batch: str):
     from luminar.distributed.data_parallel import DataParallel
@@ -198,6 +212,19 @@ def _rank_tensor_parallel(comm, directory: str, model_dir: str):
     resident = comm.all_gather_object(model.resident_weight_bytes)
     if comm.rank == 0:
         np.savez(os.path.join(directory, "result.npz"), logits=logits, greedy=np.array(greedy), resident=resident)
+
+
+def _rank_pipeline(comm, directory: str, model_dir: str):
+    import hashlib
+    from luminar.distributed.pipeline import PipelineLlama
+    model = PipelineLlama(model_dir, comm)
+    logits = model.logits_many(PIPELINE_BATCHES)
+    comm.agree([hashlib.sha256(out.tobytes()).hexdigest() for out in logits], "the logits")
+    greedy = model.generate_greedy(IDS[:6], 8)
+    resident = comm.all_gather_object(model.resident_weight_bytes)
+    if comm.rank == 0:
+        np.savez(os.path.join(directory, "result.npz"), greedy=np.array(greedy), resident=resident,
+                 **{f"logits{j}": out for j, out in enumerate(logits)})
 
 
 SCENARIOS = {name[len("_rank_"):]: fn for name, fn in dict(globals()).items() if name.startswith("_rank_")}
