@@ -30,10 +30,20 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+# This file is named like the `onnx` package: drop its own directory from the import path (Python puts
+# it first when the script runs) so `import onnx` finds the package; bench helpers load by path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 
-import machine  # noqa: E402
-import timing  # noqa: E402
+
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (dataclasses look their module up there)
+    spec.loader.exec_module(module)
+    return module
+
+
+machine, timing = _bench_module("machine"), _bench_module("timing")
 
 import luminar.onnx as lo  # noqa: E402
 

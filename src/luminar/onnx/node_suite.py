@@ -9,7 +9,8 @@ other error, which is a bug).
 
 Inputs that an op needs at load time (a shape, axes, pads given as a graph input in the test)
 are bound as constants (`load(..., constants=...)`) when the loader asks for them
-(NeedsConstant); the result records which, so the table can say so. A case whose outputs were
+(NeedsConstant): the graph inputs the needed tensor is computed from, or, when it lives inside a
+function body, the integer inputs; the result records which, so the table can say so. A case whose outputs were
 all folded at load time records that as well ("folded").
 """
 from __future__ import annotations
@@ -128,6 +129,8 @@ def run_luminar(case: Case, backend: str = "reference", model=None, inputs=None,
                 break
             except NeedsConstant as e:
                 needed = [name for name in _source_inputs(model, e.tensor) if name in inputs and name not in constants]
+                if not needed:  # a tensor inside a function body: bind the integer (shape-like) inputs
+                    needed = [name for name, v in inputs.items() if v.dtype.kind in "iu" and name not in constants]
                 if not needed:
                     raise
                 constants.update({name: inputs[name] for name in needed})

@@ -553,3 +553,56 @@ def det(ctx, x):
 @op("Binarizer", domain="ai.onnx.ml")
 def binarizer(ctx, x):
     return _same(ctx, x, ctx.tensor(x).gt(ctx.attr("threshold", 0.0)))
+
+
+# -- bitwise integer ops -----------------------------------------------------------------------------
+# Integers are float32 values here, exact below 2^24. A signed value is split into its low 23 bits
+# (x mod 2^23, as digits) and its sign, which stands for every higher bit of the two's complement
+# (true while |x| < 2^23); unsigned values use 24 digits and no sign.
+_LOW_BITS = 23
+
+
+def _bits(t, count):
+    return [(t * (1.0 / 2 ** k)).floor().fmod(2.0) for k in range(count)]
+
+
+def _bitwise(name, combine):
+    def build(ctx, a, b=None):
+        dtype = dtype_of(a)
+        signed = dtype.kind == "i"
+        count = _LOW_BITS if signed else min(dtype.itemsize * 8, 24)
+        x = ctx.tensor(a)
+        y = None if b is None else ctx.tensor(b)
+        low = lambda t: t.remainder(float(2 ** count)) if signed else t  # noqa: E731  (floor mod: >= 0)
+        xs = _bits(low(x), count)
+        ys = None if y is None else _bits(low(y), count)
+        out = None
+        for k in range(count):
+            bit = combine(xs[k], None if ys is None else ys[k])
+            out = bit * float(2 ** k) if out is None else out + bit * float(2 ** k)
+        if signed:
+            sign = combine(x.lt(0.0), None if y is None else y.lt(0.0))
+            out = out - sign * float(2 ** count)
+        elif dtype.itemsize * 8 > count and b is None:  # NOT of a wide unsigned value: the high bits are set too
+            raise UnsupportedError(f"{name} of {dtype} values (exact only below 2^24)")
+        return _same(ctx, a, out)
+    op(name)(build)
+
+
+_bitwise("BitwiseAnd", lambda p, q: p * q)
+_bitwise("BitwiseOr", lambda p, q: p + q - p * q)
+_bitwise("BitwiseXor", lambda p, q: p + q - 2.0 * p * q)
+_bitwise("BitwiseNot", lambda p, q: 1.0 - p)
+
+
+@op("BitShift")
+def bit_shift(ctx, x, y):
+    t, amount = ctx.tensor(x), ctx.tensor(y)
+    bits = dtype_of(x).itemsize * 8
+    if ctx.attr("direction") == "LEFT":
+        out = t * amount.exp2()
+        if bits < 24:
+            out = out.fmod(float(2 ** bits))  # the bits shifted out of the type are dropped
+    else:
+        out = (t * (-amount).exp2()).floor()
+    return _same(ctx, x, out)
