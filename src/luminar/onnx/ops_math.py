@@ -606,3 +606,60 @@ def bit_shift(ctx, x, y):
     else:
         out = (t * (-amount).exp2()).floor()
     return _same(ctx, x, out)
+
+
+# -- one optimizer step (ai.onnx.preview.training), the reference's formulas -------------------------
+def _groups(tensors, per_tensor: int):
+    """The optimized tensors' inputs, grouped: (X1, X2, G1, G2, H1, H2) -> [(X1, G1, H1), (X2, G2, H2)]."""
+    n = len(tensors) // per_tensor
+    return [[tensors[k * n + i] for k in range(per_tensor)] for i in range(n)]
+
+
+@op("Adagrad", domain="ai.onnx.preview.training")
+def adagrad(ctx, r, t, *tensors):
+    rate, step = ctx.tensor(r), ctx.tensor(t)
+    norm, eps, decay = ctx.attr("norm_coefficient", 0.0), ctx.attr("epsilon", 1e-6), ctx.attr("decay_factor", 0.0)
+    xs, hs = [], []
+    for x, g, h in _groups(tensors, 3):
+        gr = ctx.tensor(x) * norm + ctx.tensor(g)
+        h_new = ctx.tensor(h) + gr * gr
+        x_new = ctx.tensor(x) - rate / (1.0 + step * decay) * gr / (h_new.sqrt() + eps)
+        xs.append(_same(ctx, x, x_new))
+        hs.append(_same(ctx, h, h_new))
+    return tuple(xs + hs)
+
+
+@op("Momentum", domain="ai.onnx.preview.training")
+def momentum(ctx, r, t, *tensors):
+    rate, later = ctx.tensor(r), ctx.tensor(t).gt(0.0)
+    norm, alpha, beta = ctx.attr("norm_coefficient"), ctx.attr("alpha"), ctx.attr("beta")
+    xs, vs = [], []
+    for x, g, v in _groups(tensors, 3):
+        gr = ctx.tensor(x) * norm + ctx.tensor(g)
+        v_new = ctx.tensor(v) * alpha + (later * beta + (1.0 - later)) * gr  # beta only after the first step
+        step = gr + v_new * alpha if ctx.attr("mode") == "nesterov" else v_new
+        xs.append(_same(ctx, x, ctx.tensor(x) - rate * step))
+        vs.append(_same(ctx, v, v_new))
+    return tuple(xs + vs)
+
+
+@op("Adam", domain="ai.onnx.preview.training")
+def adam(ctx, r, t, *tensors):
+    rate, count = ctx.tensor(r), ctx.tensor(t)
+    alpha, beta, eps = ctx.attr("alpha", 0.9), ctx.attr("beta", 0.999), ctx.attr("epsilon", 1e-6)
+    norm, post = ctx.attr("norm_coefficient", 0.0), ctx.attr("norm_coefficient_post", 0.0)
+    later = count.gt(0.0)
+    # bias correction sqrt(1 - beta^t) / (1 - alpha^t) after the first step; t = 0 uses the rate as is
+    t1 = count.maximum(1.0)
+    corrected = rate * (1.0 - (t1 * math.log2(beta)).exp2()).sqrt() / (1.0 - (t1 * math.log2(alpha)).exp2())
+    adjusted = later * corrected + (1.0 - later) * rate
+    xs, vs, hs = [], [], []
+    for x, g, v, h in _groups(tensors, 4):
+        gr = ctx.tensor(x) * norm + ctx.tensor(g)
+        v_new = ctx.tensor(v) * alpha + gr * (1.0 - alpha)
+        h_new = ctx.tensor(h) * beta + gr * gr * (1.0 - beta)
+        x_new = (ctx.tensor(x) - adjusted * (v_new / (h_new.sqrt() + eps))) * (1.0 - post)
+        xs.append(_same(ctx, x, x_new))
+        vs.append(_same(ctx, v, v_new))
+        hs.append(_same(ctx, h, h_new))
+    return tuple(xs + vs + hs)

@@ -595,3 +595,36 @@ def dft(ctx, x, dft_length=None, axis=None):
     flat = moved.reshape(*moved.dims[:-2], width) @ ctx.tensor(matrix.reshape(width, n_out * parts_out))
     out = flat.reshape(*moved.dims[:-2], n_out, parts_out)
     return _same(ctx, x, out.transpose(a, -2) if a != rank - 2 else out)
+
+
+@op("Col2Im")
+def col2im(ctx, x, image_shape, block_shape):
+    """The inverse of im2col: every block position's column, stride-dilated and shifted to its offset,
+    summed into the padded image, then the padding cropped."""
+    import itertools
+    t = ctx.tensor(x)
+    image, block = ctx.ints(image_shape, "image_shape", 1), ctx.ints(block_shape, "block_shape", 2)
+    r = len(image)
+    dilations = list(ctx.attr("dilations", [1] * r))
+    pads = list(ctx.attr("pads", [0] * (2 * r)))
+    strides = list(ctx.attr("strides", [1] * r))
+    n, channels_blocks = t.dims[0], known_dims(t.dims[1:2], "Col2Im")[0]
+    c = channels_blocks // math.prod(block)
+    padded = [image[k] + pads[k] + pads[k + r] for k in range(r)]
+    outs = [(padded[k] - dilations[k] * (block[k] - 1) - 1) // strides[k] + 1 for k in range(r)]
+    cols = t.reshape(n, c, *block, *outs)
+    total = None
+    for offsets in itertools.product(*[range(b) for b in block]):
+        piece = cols
+        for k, o in enumerate(offsets):
+            piece = piece.narrow(2, o, 1).squeeze(2)  # each narrow removes the leading block axis
+        placed = []
+        for k in range(r):
+            piece = _dilate(piece, 2 + k, strides[k])
+            before = offsets[k] * dilations[k]
+            placed.append((before, padded[k] - before - ((outs[k] - 1) * strides[k] + 1)))
+        piece = _pad_tensor(piece, placed)
+        total = piece if total is None else total + piece
+    for k in range(r):
+        total = total.narrow(2 + k, pads[k], image[k])
+    return _same(ctx, x, total)
