@@ -46,9 +46,25 @@ def _models(seed: int = 0):
     return ours.eval(), theirs
 
 
+def _import_onnx_package():
+    """Import the onnx package itself: bench/onnx.py (the ONNX importer's bench) shadows it whenever
+    bench/ is on sys.path, as it is for every script in this folder. Once imported, torch.onnx finds
+    the package in sys.modules."""
+    shadow = sys.modules.get("onnx")
+    if shadow is not None and Path(getattr(shadow, "__file__", "") or "").resolve().parent == HERE:
+        del sys.modules["onnx"]
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+    try:
+        import onnx  # noqa: F401
+    finally:
+        sys.path[:] = saved
+
+
 def _onnxruntime_session(theirs, x):
     """onnxruntime on torch.onnx's (TorchScript-based) export of the same module, or None if unavailable."""
     try:
+        _import_onnx_package()
         import onnxruntime
         import torch
     except ImportError:

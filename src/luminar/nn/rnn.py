@@ -602,9 +602,8 @@ class SequenceRunner:
 
         Runs `chunk` steps per program call while that many are left, then single steps."""
         steps, lstm = gx.shape[0], self.module.mode == "LSTM"
-        gh, h_prev, out = np.empty_like(gx), np.empty(gx.shape[:2] + (h.shape[-1],), np.float32), None
-        out = np.empty_like(h_prev)
-        c_prev = np.empty_like(h_prev) if lstm else None
+        gh, h_prev = np.empty_like(gx), np.empty(gx.shape[:2] + (h.shape[-1],), np.float32)
+        out, c_prev = np.empty_like(h_prev), (np.empty_like(h_prev) if lstm else None)
         order = list(range(steps - 1, -1, -1) if reverse else range(steps))
         single = _Steps(self._program("step"), hidden_params)
         chunked = _Steps(self._program("chunk", self.chunk), hidden_params) if self.chunk > 1 else None
