@@ -21,13 +21,61 @@ pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI
 TIMEOUT = 150  # seconds for one mpirun (compiles included); a hang fails the test instead of the suite
 
 
-def _launch(ranks: int, *args, timeout: float = TIMEOUT, expect_ok: bool = True):
+def _launch(ranks: int, *args, timeout: float = TIMEOUT, expect_ok: bool = True, env=None):
     from luminar.distributed.launch import run_ranks
     done = run_ranks(ranks, [sys.executable, os.path.abspath(__file__), *map(str, args)], timeout=timeout,
-                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env)
     if expect_ok:
         assert done.returncode == 0, f"mpirun -n {ranks} failed:\n{done.stdout}\n{done.stderr}"
     return done
+
+
+# -- collectives ---------------------------------------------------------------------------------
+def _rank_arrays(rank: int, size: int):
+    """What rank `rank` contributes to the collectives (the test regenerates every rank's)."""
+    rng = np.random.default_rng(100 + rank)
+    return {"a": rng.standard_normal((5, 7)).astype(np.float32),
+            "b": rng.standard_normal((2 * size, 3)).astype(np.float32),
+            "x": rng.standard_normal((3, 8)).astype(np.float32)}
+
+
+def _rank_order_sum(parts):
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_collectives_equal_numpy_on_every_rank(tmp_path, ranks):
+    _launch(ranks, "collectives", tmp_path)
+    data = [_rank_arrays(r, ranks) for r in range(ranks)]
+    weights = _collective_weights(ranks)
+    for r in range(ranks):
+        got = np.load(tmp_path / f"rank{r}.npz")
+        # Communicator: bit-exact rank-order sums, the same on every rank
+        assert np.array_equal(got["all_reduce"], _rank_order_sum([d["a"] for d in data]))
+        assert np.array_equal(got["all_gather"], np.concatenate([d["a"] for d in data], 1))
+        assert np.array_equal(got["reduce_scatter"], _rank_order_sum([d["b"] for d in data])[2 * r:2 * r + 2])
+        assert np.array_equal(got["broadcast"], data[ranks - 1]["a"])
+        assert np.array_equal(got["received"], data[(r - 1) % ranks]["x"])  # a ring of send/recv
+        # CollectiveGraph, on both backends: a row-parallel product plus every kind of cut
+        x, w, v = data[0]["x"], weights["w"], weights["v"]
+        for backend in ("reference", "cpu"):
+            np.testing.assert_allclose(got[f"{backend}_out"], x + x @ w @ v, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(got[f"{backend}_gathered"], np.concatenate([x * (q + 1) for q in range(ranks)], 1),
+                                       rtol=1e-6)
+            if 8 % ranks == 0:
+                block = 8 // ranks
+                scattered = sum((x @ w @ v) * (q + 1) for q in range(ranks))[:, block * r:block * (r + 1)]
+                np.testing.assert_allclose(got[f"{backend}_scattered"], scattered, rtol=1e-5, atol=1e-4)
+            np.testing.assert_allclose(got[f"{backend}_from_left"], x * 2.0, rtol=1e-6)
+
+
+def _collective_weights(ranks: int):
+    rng = np.random.default_rng(7)
+    return {"w": rng.standard_normal((8, 4 * ranks)).astype(np.float32),
+            "v": rng.standard_normal((4 * ranks, 8)).astype(np.float32)}
 
 
 # -- the data-parallel model, shared by the ranks and the reference ------------------------------
@@ -167,6 +215,40 @@ def test_pipeline_llama_streams_micro_batches(tmp_path, llama_references):
     assert all(held < 0.8 * weight_bytes for held in result["resident"])  # each stage: its layers and one table
 
 
+# -- failures end the job, never hang it -------------------------------------------------------
+def test_a_rank_that_dies_stops_the_others(tmp_path):
+    import time
+    started = time.monotonic()
+    done = _launch(3, "one_rank_fails", "exit", expect_ok=False, timeout=60)
+    assert done.returncode != 0 and "exit" in (done.stdout + done.stderr).lower()
+    assert time.monotonic() - started < 45
+
+
+def test_a_rank_that_hangs_makes_the_others_time_out(tmp_path):
+    done = _launch(2, "one_rank_fails", "hang", expect_ok=False, timeout=60, env={"LUMINAR_DIST_TIMEOUT": "3"})
+    assert done.returncode != 0
+    assert "rank 0 of 2: error: rank 0 of 2: all_reduce (exchange) did not complete within 3 s" in done.stderr
+
+
+def test_an_error_on_one_rank_aborts_the_job(tmp_path):
+    done = _launch(2, "one_rank_fails", "raise", expect_ok=False, timeout=60)
+    assert done.returncode != 0
+    assert "rank 1 of 2: error: input 'x': expected shape (2, 3), got (4, 3)" in done.stderr, done.stderr
+
+
+def test_ranks_given_different_batches_refuse_the_step(tmp_path):
+    done = _launch(2, "batches_differ", expect_ok=False, timeout=90)
+    assert done.returncode != 0
+    assert "DataParallel.step: ranks were given different batches" in done.stderr, done.stderr
+
+
+def test_a_world_size_the_model_does_not_split_over_is_refused(tmp_path, llama_references):
+    directory = llama_references["llama"][0]
+    done = _launch(4, "tensor_parallel", tmp_path, directory, expect_ok=False, timeout=90)
+    assert done.returncode != 0
+    assert "tensor parallel: 6 key/value heads do not split evenly over 4 ranks" in done.stderr, done.stderr
+
+
 # -- rank scenarios ------------------------------------------------------------------------------
 def _rank_data_parallel(comm, directory: str, batch: str):
     from luminar.distributed.data_parallel import DataParallel
@@ -225,6 +307,63 @@ def _rank_pipeline(comm, directory: str, model_dir: str):
     if comm.rank == 0:
         np.savez(os.path.join(directory, "result.npz"), greedy=np.array(greedy), resident=resident,
                  **{f"logits{j}": out for j, out in enumerate(logits)})
+
+
+def _rank_collectives(comm, directory: str):
+    from luminar.distributed import CollectiveGraph
+    r, n = comm.rank, comm.size
+    mine = _rank_arrays(r, n)
+    out = {"all_reduce": comm.all_reduce(mine["a"]), "all_gather": comm.all_gather(mine["a"], axis=1),
+           "reduce_scatter": comm.reduce_scatter(mine["b"]),
+           "broadcast": comm.broadcast(mine["a"] if r == n - 1 else None, root=n - 1)}
+    sending = comm.send(mine["x"], (r + 1) % n)
+    out["received"] = comm.recv((r - 1) % n)
+    sending.wait()
+    weights = _collective_weights(n)
+    x = _rank_arrays(0, n)["x"]
+    for backend in ("reference", "cpu"):
+        cg = CollectiveGraph(comm)
+        xt = cg.tensor("x", ("s", 8))
+        partial = xt @ cg.tensor("w", (8, 4)) @ cg.tensor("v", (4, 8))  # this rank's slice of the hidden units
+        total, xt = cg.all_reduce(partial, carry=[xt])
+        (xt + total).output("out")
+        scale = cg.tensor("scale", (1,))
+        gathered, total, xt = cg.all_gather(xt * scale, axis=1, carry=[total, xt])
+        gathered.output("gathered")
+        if 8 % n == 0:  # the same input name in a later segment is the same input
+            scattered, xt = cg.reduce_scatter(total * cg.tensor("scale", (1,)), axis=1, carry=[xt])
+            scattered.output("scattered")
+        left = cg.broadcast(xt * 2.0, root=0)  # then every rank passes it right, and takes its left's
+        cg.send(left, (r + 1) % n)
+        cg.recv(("s", 8), (r - 1) % n).output("from_left")
+        program = cg.compile(backend)
+        program.set_inputs(w=weights["w"][:, 4 * r:4 * r + 4], v=weights["v"][4 * r:4 * r + 4])
+        result = program.run({"x": x, "scale": np.array([r + 1.0], np.float32)})
+        out.update({f"{backend}_{k}": v for k, v in result.items()})
+    np.savez(os.path.join(directory, f"rank{r}.npz"), **out)
+
+
+def _rank_one_rank_fails(comm, how: str):
+    import time
+    if comm.rank == 1:
+        if how == "exit":
+            os._exit(3)  # dies without a word, in the middle of the job
+        if how == "hang":
+            time.sleep(120)
+        if how == "raise":
+            from luminar.errors import ShapeError
+            raise ShapeError("input 'x': expected shape (2, 3), got (4, 3)")
+    comm.all_reduce(np.ones(10, np.float32))
+    time.sleep(120)  # only reached if the failure went unnoticed: the test's deadline catches it
+
+
+def _rank_batches_differ(comm):
+    from luminar.distributed.data_parallel import DataParallel
+    x, y, init = _dp_data(8)
+    loss, params = _dp_model()
+    train = DataParallel(loss, params, _dp_optimizer(), init, comm=comm)
+    rows = 8 if comm.rank == 0 else 6
+    train.step({"x": x[0][:rows], "y": y[0][:rows]})
 
 
 SCENARIOS = {name[len("_rank_"):]: fn for name, fn in dict(globals()).items() if name.startswith("_rank_")}

@@ -40,21 +40,21 @@ def mpirun_command(ranks: int, command: list[str]) -> list[str]:
     return [mpirun, "--oversubscribe", "--bind-to", "none", "-n", str(ranks), *command]
 
 
-def mpirun_env(threads_per_rank: int | None = None) -> dict:
-    """The environment for mpirun: Open MPI's root settings, and (by default) the cores shared out
-    among the ranks' OpenMP threads."""
-    env = {**os.environ, **ROOT_ENV}
+def mpirun_env(threads_per_rank: int | None = None, extra: dict | None = None) -> dict:
+    """The environment for mpirun (the ranks inherit it): Open MPI's root settings, the ranks'
+    OpenMP threads, and `extra` (e.g. LUMINAR_DIST_TIMEOUT)."""
+    env = {**os.environ, **ROOT_ENV, **(extra or {})}
     if threads_per_rank is not None:
         env["OMP_NUM_THREADS"] = str(threads_per_rank)
     return env
 
 
 def run_ranks(ranks: int, command: list[str], timeout: float, threads_per_rank: int | None = 1,
-              **popen) -> subprocess.CompletedProcess:
+              env: dict | None = None, **popen) -> subprocess.CompletedProcess:
     """Run `ranks` ranks of `command` to completion, output captured; DistributedError if they are
     still running after `timeout` seconds (mpirun and its ranks are killed)."""
     # its own session, so a timeout can end mpirun and every rank it started (one process group)
-    process = subprocess.Popen(mpirun_command(ranks, command), env=mpirun_env(threads_per_rank), text=True,
+    process = subprocess.Popen(mpirun_command(ranks, command), env=mpirun_env(threads_per_rank, env), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **popen)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
