@@ -18,10 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from luminar.onnx import node_suite
-
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+# bench/onnx.py would shadow the onnx package: drop this directory from the import path (Python puts it first)
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
+
+from luminar.onnx import node_suite  # noqa: E402
 
 
 def rate(results, float_only=False) -> tuple[int, int]:
