@@ -215,6 +215,20 @@ def test_pipeline_llama_streams_micro_batches(tmp_path, llama_references):
     assert all(held < 0.8 * weight_bytes for held in result["resident"])  # each stage: its layers and one table
 
 
+def test_luminar_parallel_command_starts_the_ranks(llama_references):
+    import subprocess
+    directory, _, _, greedy, _ = llama_references["llama"]
+    command = [sys.executable, "-m", "luminar", "parallel", "--ranks", "2", "--mode", "tensor", "--model",
+               str(directory), "--ids", ",".join(map(str, IDS[:6])), "--max-new-tokens", "8"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(i) for i in greedy]
+    assert "tensor parallel over 2 ranks" in done.stderr
+    bad = subprocess.run(command[:-2] + ["--max-new-tokens", "0"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert bad.returncode != 0 and "--max-new-tokens must be >= 1, got 0" in bad.stderr
+
+
 # -- failures end the job, never hang it -------------------------------------------------------
 def test_a_rank_that_dies_stops_the_others(tmp_path):
     import time
