@@ -27,12 +27,16 @@ import numpy as np
 from ..errors import DTypeError, InputError, LuminarError, ShapeError, UnsupportedError, WeightFileError
 from ..graph import Graph
 from .folding import constant_node_value, fold
-from .registry import OPS, NeedsConstant, NodeContext, Traced, dtype_of
+from .registry import NARROW_INTS, OPS, NeedsConstant, NodeContext, Traced, dtype_of, integer_kind
 
 # How each ONNX element type is stored in a luminar input (computing is always float32)
 _STORAGE = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float32",
             "int8": "int8", "uint8": "uint8", "int32": "int32", "int16": "int32", "uint16": "int32",
-            "int64": "int32", "uint32": "int32", "uint64": "int32", "bool": "uint8"}
+            "int64": "int32", "uint32": "int32", "uint64": "int32", "bool": "uint8",
+            # sub-byte and 8-bit float formats (ml_dtypes) are widened on the way in, rounded on the way out
+            "int4": "int8", "uint4": "uint8", "int2": "int8", "uint2": "uint8",
+            **{name: "float32" for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                                            "float8_e8m0fnu", "float4_e2m1fn")}}
 _INT32 = np.iinfo(np.int32)
 
 
@@ -151,6 +155,8 @@ class Builder:
         array = np.asarray(array)
         if array.dtype == object:
             return self._symbolic_vector(array)
+        if array.dtype.name in NARROW_INTS or (array.dtype.name.startswith("float") and array.dtype.kind != "f"):
+            array = array.astype(np.float32)  # sub-byte ints and float8 formats: widened, exactly
         if array.dtype.kind not in "biuf" and array.dtype.name != "bfloat16":
             raise UnsupportedError(f"tensors of dtype {array.dtype} are not supported")
         if array.size == 1:
@@ -473,6 +479,9 @@ class OnnxModel:
                     raise ShapeError(f"{self.name}: input {info.name!r} must have shape {list(info.shape)}, "
                                      f"got {arr.shape} (axis {axis}: expected {want}, got {got})")
         storage = _STORAGE[info.dtype.name]
+        if arr.dtype.name in NARROW_INTS or (storage == "float32" and arr.dtype.name.startswith("float")
+                                             and arr.dtype.kind != "f"):
+            return arr.astype(np.float32).astype(dtypes_storage(storage))
         if storage == "int32" and arr.dtype != np.int32:
             if arr.size and (arr.min() < _INT32.min or arr.max() > _INT32.max):
                 raise DTypeError(f"{self.name}: input {info.name!r} ({arr.dtype}) holds values outside int32, "
@@ -487,13 +496,19 @@ class OnnxModel:
         return arr
 
 
+def dtypes_storage(name: str) -> np.dtype:
+    from ..dtypes import STORAGE
+    return STORAGE[name]
+
+
 def _to_onnx_dtype(result: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """A float32 luminar result as the ONNX output's dtype."""
-    if dtype.kind == "b":
+    kind = integer_kind(dtype)
+    if kind == "b":
         return result != 0
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        return np.clip(np.rint(result), info.min, info.max).astype(dtype)
+    if kind in ("i", "u"):
+        low, high = NARROW_INTS.get(dtype.name) or (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        return np.clip(np.rint(result), low, high).astype(dtype)
     return result.astype(dtype)
 
 

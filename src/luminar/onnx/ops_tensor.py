@@ -18,7 +18,7 @@ from ..errors import ShapeError, UnsupportedError
 from ..library.indexing import cat as lm_cat
 from ..shape import index_var
 from ..symbolic import Expr, sym
-from .registry import Traced, dtype_of, is_const, is_float, op, to_int
+from .registry import NARROW_INTS, Traced, dtype_of, integer_kind, is_const, is_float, op, to_int
 
 _INT_MAX = 2 ** 62
 
@@ -282,15 +282,23 @@ def space_to_depth(ctx, x):
 # -- casting --------------------------------------------------------------------------------------
 def _cast(ctx, x, target: np.dtype):
     t = ctx.tensor(x)
-    if target.kind == "b":
+    kind = integer_kind(target)
+    if kind == "b":
         return ctx.traced(t.ne(0.0), target)
-    if target.kind in "iu":
+    if kind in ("i", "u"):
         if is_float(dtype_of(x)):
             t = t.trunc()  # float -> int truncates toward zero
+        if target.name in NARROW_INTS:  # sub-byte ints wrap around (two's complement), as ONNX casts them
+            low, high = NARROW_INTS[target.name]
+            t = (t - low).remainder(float(high - low + 1)) + low
         return ctx.traced(t + 0.0, target)
-    if target.name not in ("float16", "float32", "float64", "bfloat16"):
+    if not is_float(target):
         raise UnsupportedError(f"Cast to {target} is not supported")
-    # float16/bfloat16 results are rounded when the model returns them, not inside the graph
+    if target.name.startswith(("float8", "float4")) and ctx.attr("saturate", 1):
+        import ml_dtypes
+        limit = float(ml_dtypes.finfo(target).max)
+        t = t.clamp(-limit, limit)  # saturate: out-of-range values become the largest finite ones
+    # narrower float results are rounded when the model returns them, not inside the graph
     return ctx.traced(t + 0.0, target)
 
 
@@ -502,9 +510,13 @@ def scatter_elements(ctx, data, indices, updates):
 
 
 # -- quantization -------------------------------------------------------------------------------------
-def _per_axis(ctx, param, rank, axis, what, index):
-    """A scale or zero point (scalar or 1-D along axis) shaped to broadcast against rank-`rank` data."""
+def _per_axis(ctx, param, rank, axis, what, index, data=None):
+    """A scale or zero point (scalar, 1-D along axis, or blocked) shaped to broadcast against the data."""
     p = ctx.tensor(param)
+    block = ctx.attr("block_size", 0)
+    if block and p.ndim == rank:  # one value per `block` elements along axis
+        a = _axis(axis, rank)
+        return p.repeat_interleave(block, a).narrow(a, 0, data.dims[a])
     if p.ndim == 1 and rank > 1:
         shape = [1] * rank
         shape[_axis(axis, rank)] = p.dims[0]
@@ -513,21 +525,22 @@ def _per_axis(ctx, param, rank, axis, what, index):
 
 
 _QUANT_RANGE = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
-                "int32": (-2 ** 31, 2 ** 31 - 1)}
+                "int32": (-2 ** 31, 2 ** 31 - 1), "int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}
 
 
 @op("QuantizeLinear")
 def quantize_linear(ctx, x, scale, zero_point=None):
     t = ctx.tensor(x)
-    if ctx.attr("block_size", 0):
-        raise UnsupportedError("blocked QuantizeLinear")
     axis = ctx.attr("axis", 1)
     out_dtype = dtype_of(zero_point) if zero_point is not None else np.dtype(np.uint8)
+    if ctx.attr("output_dtype"):
+        from onnx import helper
+        out_dtype = np.dtype(helper.tensor_dtype_to_np_dtype(ctx.attr("output_dtype")))
     if out_dtype.name not in _QUANT_RANGE:
         raise UnsupportedError(f"QuantizeLinear to {out_dtype}")
-    q = (t / _per_axis(ctx, scale, t.ndim, axis, "scale", 1)).round()
+    q = (t / _per_axis(ctx, scale, t.ndim, axis, "scale", 1, t)).round()
     if zero_point is not None:
-        q = q + _per_axis(ctx, zero_point, t.ndim, axis, "zero point", 2)
+        q = q + _per_axis(ctx, zero_point, t.ndim, axis, "zero point", 2, t)
     low, high = _QUANT_RANGE[out_dtype.name]
     return ctx.traced(q.clamp(float(low), float(high)), out_dtype)
 
@@ -535,12 +548,10 @@ def quantize_linear(ctx, x, scale, zero_point=None):
 @op("DequantizeLinear")
 def dequantize_linear(ctx, x, scale, zero_point=None):
     t = ctx.tensor(x)
-    if ctx.attr("block_size", 0):
-        raise UnsupportedError("blocked DequantizeLinear")
     axis = ctx.attr("axis", 1)
     if zero_point is not None:
-        t = t - _per_axis(ctx, zero_point, t.ndim, axis, "zero point", 2)
-    out = t * _per_axis(ctx, scale, t.ndim, axis, "scale", 1)
+        t = t - _per_axis(ctx, zero_point, t.ndim, axis, "zero point", 2, t)
+    out = t * _per_axis(ctx, scale, t.ndim, axis, "scale", 1, t)
     return ctx.traced(out, dtype_of(scale))
 
 

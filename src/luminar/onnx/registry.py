@@ -77,8 +77,21 @@ def shape_of(value) -> tuple:
     return tuple(value.tensor.dims) if isinstance(value, Traced) else value.shape
 
 
+NARROW_INTS = {"int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1), "uint2": (0, 3)}  # ml_dtypes' sub-byte ints
+
+
 def is_float(dtype) -> bool:
-    return np.dtype(dtype).kind == "f" or str(dtype) == "bfloat16"
+    """float16/32/64, bfloat16 and the float8/float4 formats (ml_dtypes' numpy kind is 'V' for most)."""
+    return np.dtype(dtype).kind == "f" or str(dtype).startswith(("bfloat", "float"))
+
+
+def integer_kind(dtype) -> str | None:
+    """'i' or 'u' for integer dtypes (sub-byte ones included), 'b' for bool, else None."""
+    name = str(dtype)
+    if name in NARROW_INTS:
+        return "u" if name.startswith("u") else "i"
+    kind = np.dtype(dtype).kind
+    return kind if kind in "iub" else None
 
 
 def to_int(v):
