@@ -144,6 +144,16 @@ def test_a_checkpoint_saved_on_two_ranks_continues_on_three(tmp_path):
         np.testing.assert_allclose(result[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
+@pytest.mark.parametrize("micro_batches, batch", [(4, 16), (3, 14)])
+def test_pipeline_training_equals_single_process_training(tmp_path, micro_batches, batch):
+    _launch(2, "pipeline_training", tmp_path, batch, micro_batches)
+    expected, losses = _reference_training(batch)
+    result = np.load(tmp_path / "params.npz")
+    for key, value in expected.items():
+        np.testing.assert_allclose(result[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(result["losses"], losses, rtol=1e-5)
+
+
 # -- tensor parallel Llama ------------------------------------------------------------------------
 IDS = [3, 17, 99, 5, 64, 2, 7, 120, 33, 0, 125, 64]
 PIPELINE_BATCHES = [IDS, IDS[3:8], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42]]  # micro-batches of different lengths
@@ -378,6 +388,29 @@ def _rank_batches_differ(comm):
     train = DataParallel(loss, params, _dp_optimizer(), init, comm=comm)
     rows = 8 if comm.rank == 0 else 6
     train.step({"x": x[0][:rows], "y": y[0][:rows]})
+
+
+def _rank_pipeline_training(comm, directory: str, batch: str, micro_batches: str):
+    """_dp_model cut in two: stage 0 the hidden layer, stage 1 the output layer and the loss."""
+    import luminar as lm
+    from luminar.distributed.pipeline_train import PipelineStage
+    x, y, init = _dp_data(int(batch))
+    g = lm.Graph()
+    if comm.rank == 0:
+        w1, b1 = g.tensor("w1", (6, 16)), g.tensor("b1", (16,))
+        output, params, activation = lm.tanh(g.tensor("x", ("n", 6)) @ w1 + b1), {"w1": w1, "b1": b1}, None
+    else:
+        w2, b2 = g.tensor("w2", (16, 3)), g.tensor("b2", (3,))
+        activation = g.tensor("h", ("n", 16))
+        output, params = lm.mse_loss(activation @ w2 + b2, g.tensor("y", ("n", 3))), {"w2": w2, "b2": b2}
+    stage = PipelineStage(output, params, _dp_optimizer(), {k: init[k] for k in params}, comm=comm,
+                          activation=activation)
+    losses = [stage.step({"x": x[i]} if comm.rank == 0 else {"y": y[i]}, micro_batches=int(micro_batches))
+              for i in range(DP_STEPS)]
+    everything = comm.all_gather_object(stage.params())
+    if comm.rank == 0:
+        merged = {k: v for part in everything for k, v in part.items()}
+        np.savez(os.path.join(directory, "params.npz"), losses=np.array(losses), **merged)
 
 
 SCENARIOS = {name[len("_rank_"):]: fn for name, fn in dict(globals()).items() if name.startswith("_rank_")}

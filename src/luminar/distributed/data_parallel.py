@@ -68,13 +68,8 @@ class DataParallel:
         for i, g in enumerate(grads):
             g.output(f"dp_grad{i}")
         self.gradient_program = loss.graph.compile(backend, **compile_options)
-        # the update program: a TrainStep whose gradients and loss are inputs
-        update = Graph()
-        update_params = {key: update.tensor(p.node.name, p.shape) for key, p in params.items()}
-        update_grads = [update.tensor(f"dp_grad{i}", shape) for i, shape in enumerate(self.shapes)]
-        self.train = TrainStep(update.tensor("dp_loss", (1,)) + 0.0, update_params, optimizer, init,
-                               grads=update_grads, schedule=schedule, max_grad_norm=max_grad_norm,
-                               backend=backend, **compile_options)
+        self.train = update_step(params, optimizer, init, schedule=schedule, max_grad_norm=max_grad_norm,
+                                 backend=backend, **compile_options)
         self.param_inputs = {key: p.node.name for key, p in params.items()}
         self.buckets = _buckets([math.prod(s) for s in self.shapes], bucket_bytes // 4)
         self.comm.agree((self.keys, self.shapes, repr(optimizer)), "the parameters and optimizer of DataParallel")
@@ -172,6 +167,17 @@ class DataParallel:
         if error is not None:
             raise WeightFileError(error)
         self.train.load_state_dict(tensors, source=str(path))
+
+
+def update_step(params: dict, optimizer: Optimizer, init: dict, **options) -> TrainStep:
+    """A TrainStep that only updates: its graph's inputs are the parameters (the names of `params`,
+    inputs of another graph), their gradients "dp_grad0", "dp_grad1", ... and the loss "dp_loss"
+    (passed through as the step's result). TrainStep owns schedules, clipping and checkpoints."""
+    update = Graph()
+    update_params = {key: update.tensor(p.node.name, p.shape) for key, p in params.items()}
+    update_grads = [update.tensor(f"dp_grad{i}", p.shape) for i, p in enumerate(params.values())]
+    return TrainStep(update.tensor("dp_loss", (1,)) + 0.0, update_params, optimizer, init, grads=update_grads,
+                     **options)
 
 
 def _buckets(sizes: list[int], per_bucket: int) -> list[list[int]]:
