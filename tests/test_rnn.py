@@ -263,9 +263,10 @@ def test_runner_compile_time_does_not_grow_with_the_length():
     print(f"\nSequenceRunner LSTM(8, 16): compile {compile_seconds:.2f} s, 1,000 steps {run_seconds:.2f} s")
 
 
-def test_unrolled_compile_time_grows_with_the_steps():
-    """The unrolled graph holds a cell per step: measured here so the README's trade-off stays true."""
-    seconds = {}
+def test_unrolled_graph_grows_with_the_steps():
+    """The unrolled graph holds a cell per step, so its size (and compile time, printed, not asserted:
+    the machine is shared) grows linearly with the length: the README's trade-off."""
+    nodes, seconds = {}, {}
     for steps in (2, 8):
         model = nn.GRU(2, 3, rng=0)
         start = time.perf_counter()
@@ -273,9 +274,10 @@ def test_unrolled_compile_time_grows_with_the_steps():
         out, _ = model(g.tensor("x", (steps, 2, 2)))
         out.output("out")
         g.compile("cpu")
-        seconds[steps] = time.perf_counter() - start
-    print(f"\nunrolled GRU(2, 3) build + compile: 2 steps {seconds[2]:.2f} s, 8 steps {seconds[8]:.2f} s")
-    assert seconds[8] > seconds[2]
+        seconds[steps], nodes[steps] = time.perf_counter() - start, len(g.nodes)
+    print(f"\nunrolled GRU(2, 3) build + compile: 2 steps {seconds[2]:.2f} s ({nodes[2]} nodes), "
+          f"8 steps {seconds[8]:.2f} s ({nodes[8]} nodes)")
+    assert 3.5 < nodes[8] / nodes[2] < 4.5
 
 
 # -- bad inputs ----------------------------------------------------------------------------------------
