@@ -21,7 +21,9 @@ A luminar graph is static and has no loop primitive, so there are two ways to ru
    composes with everything else in a graph: `lm.grad` differentiates through time, `TrainStep`
    trains it, and the compiled program runs all steps in one call with no Python in between.
    The price is compile time linear in T (the graph and its C grow with the steps; repeated
-   steps share one C function, but lowering still visits every node) and one program per length.
+   steps share one C function, but lowering still visits every node), one program per length,
+   and the output: the steps' states are joined by `stack` (padded views added up), whose
+   generated loop tests every step's range for each element, O(T^2) work in all.
    Use it for fixed, short lengths (tens of steps) and for training inside larger graphs.
 2. **Stepped, from Python** (`SequenceRunner`). A handful of small programs are compiled once,
    with the number of steps ``s`` and the batch ``b`` symbolic: per layer input size, the input
