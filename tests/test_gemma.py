@@ -165,3 +165,31 @@ def test_a_gguf_missing_a_tensor_names_it(tmp_path):
     del tensors["blk.3.post_ffw_norm.weight"]
     with pytest.raises(WeightFileError, match="blk.3.post_ffw_norm.weight"):
         build_graph(config, Weights.from_gguf(tensors, config))
+
+
+@pytest.fixture(scope="module")
+def gemma_file():
+    from luminar.io.gguf import read_gguf
+    return read_gguf(_gemma_path())
+
+
+def test_an_unknown_metadata_key_of_the_architecture_is_refused(gemma_file):
+    from luminar.errors import UnsupportedError
+    from luminar.models.llama import LlamaConfig
+    metadata = dict(gemma_file.metadata, **{"gemma3.attention.logit_softcapping": 50.0})
+    with pytest.raises(UnsupportedError, match="gemma3.attention.logit_softcapping"):
+        LlamaConfig.from_gguf(metadata, gemma_file.tensors)
+
+
+def test_a_tensor_of_the_wrong_shape_or_one_left_over_is_named(gemma_file):
+    from luminar.models.llama import LlamaConfig, Weights, build_graph
+    config = LlamaConfig.from_gguf(gemma_file.metadata, gemma_file.tensors)
+    tensors = dict(gemma_file.tensors)
+    tensors["blk.2.attn_q.weight"] = tensors["blk.2.ffn_up.weight"]  # (2048, 640) where (1024, 640) belongs
+    with pytest.raises(WeightFileError, match=r"blk.2.attn_q.weight.*shape \(2048, 640\).*\(1024, 640\)"):
+        build_graph(config, Weights.from_gguf(tensors, config))
+    tensors = dict(gemma_file.tensors, **{"blk.0.attn_rel_bias.weight": gemma_file.tensors["blk.0.attn_norm.weight"]})
+    weights = Weights.from_gguf(tensors, config)
+    build_graph(config, weights)
+    with pytest.raises(WeightFileError, match="does not use: 'blk.0.attn_rel_bias.weight'"):
+        weights.check_all_used()

