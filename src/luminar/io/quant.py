@@ -1,7 +1,8 @@
 """Storage formats of weights, and their dequantization as luminar primitives.
 
-A GGUF block format (ggml's Q8_0, Q4_0, Q4_1) packs 32 consecutive elements of a row into one
-block: a float16 scale (and for Q4_1 a float16 minimum) followed by the quantized values. The
+A GGUF block format (ggml's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) packs 32 consecutive elements of a
+row into one block: a float16 scale (and for Q4_1 / Q5_1 a float16 minimum) followed by the
+quantized values. The
 loader splits the blocks into plain arrays -- *parts* -- that luminar inputs can store as they
 are, still quantized (DESIGN §3):
 
@@ -13,12 +14,24 @@ are, still quantized (DESIGN §3):
     Q4_1    scale   float16  (rows, nblocks)                          w = nibble * scale + min
             min     float16  (rows, nblocks)
             quants  uint8    (rows, nblocks, 16)
+    Q5_0    scale, high (4 bytes: bit i is element i's fifth bit), quants    w = (q5 - 16) * scale
+    Q5_1    scale, min, high, quants                                   w = q5 * scale + min
+
+K-quants pack 256 elements per block in sub-blocks with their own scales (see the comments at
+_k_scales_numpy and _q6k_numpy for the bit layouts):
+
+    Q4_K    scale, min (float16), sub_scales (12 bytes: 8 six-bit scales and 8 six-bit minimums),
+            quants (128 bytes of nibbles)    w = scale * sub_scale * q4 - min * sub_min (8 sub-blocks of 32)
+    Q5_K    as Q4_K plus high (32 bytes: bit u of byte j is the fifth bit of element j of sub-block u)
+    Q6_K    quants (128 bytes of low nibbles), high (64 bytes of 2-bit fields), sub_scales (16 int8),
+            scale (float16)                  w = scale * sub_scale * (q6 - 32) (16 sub-blocks of 16)
 
 A 4-bit byte j of a block holds element j in its low nibble and element j + 16 in its high
 nibble (ggml's layout). `weight` declares one graph input per part and rebuilds the float32
-weight from primitives -- the nibbles come from `fmod`, not from bit operations, because the
-primitive set has none -- so the compiler can fuse the dequantization into the kernel that
-consumes the weight, and the weight stays quantized in memory.
+weight from primitives -- bit fields come from `fmod` and multiplies by powers of two, not from
+bit operations, because the primitive set has none -- so the compiler can fuse the
+dequantization into the kernel that consumes the weight, and the weight stays quantized in
+memory.
 
 Each format's numpy dequantization sits next to its graph version: the numpy one is the
 reference for tests (it matches `gguf.quants.dequantize` bit for bit) and for `dequantize()`.
@@ -153,11 +166,12 @@ def _k_scales_graph(packed: GraphTensor) -> tuple[GraphTensor, GraphTensor]:
     low_top, mid_top = _bit_fields(low, 2, 6)[..., 1, :], _bit_fields(mid, 2, 6)[..., 1, :]
     low6, mid6 = low - 64.0 * low_top, mid - 64.0 * mid_top
     second = packed.graph.constant(Var(f"_d{packed.ndim - 1}", 0, 1), (*packed.dims[:-1], 2, 4))  # 1 for 4-7
-    first_half = lambda x: x.unsqueeze(-2) * (1.0 - second)
-    second_half = lambda x: x.unsqueeze(-2) * second
-    scales = first_half(low6) + second_half(top_fields[..., 0, :] + 16.0 * low_top)
-    mins = first_half(mid6) + second_half(top_fields[..., 1, :] + 16.0 * mid_top)
-    return scales.flatten(-2), mins.flatten(-2)
+
+    def halves(first: GraphTensor, last: GraphTensor) -> GraphTensor:
+        """(..., 8): sub-blocks 0-3 from `first`, 4-7 from `last` (each (..., 4))."""
+        return (first.unsqueeze(-2) * (1.0 - second) + last.unsqueeze(-2) * second).flatten(-2)
+    return (halves(low6, top_fields[..., 0, :] + 16.0 * low_top),
+            halves(mid6, top_fields[..., 1, :] + 16.0 * mid_top))
 
 
 def _q4k_numpy(p: dict) -> np.ndarray:
