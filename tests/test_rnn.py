@@ -311,6 +311,8 @@ def test_bad_inputs_raise_luminar_errors():
     runner(np.zeros((5, 1, 3), np.float32))
     with pytest.raises(lm.ShapeError, match=r"expected grad_output of shape \(5, 1, 4\)"):
         runner.backward(np.zeros((5, 1, 8)))
+    with pytest.raises(lm.DTypeError, match="LSTM: input: cannot read list as a float32 array"):
+        runner([["a", "b", "c"]])
     with pytest.raises(lm.ValueDomainError, match="chunk must be a positive int"):
         nn.SequenceRunner(lstm, "reference", chunk=0)
     with pytest.raises(lm.UnsupportedError, match="dropout between layers in training mode"):

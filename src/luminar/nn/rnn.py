@@ -58,7 +58,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import grad
-from ..errors import ShapeError, UnsupportedError, ValueDomainError
+from ..errors import DTypeError, ShapeError, UnsupportedError, ValueDomainError
 from ..graph import Graph, show_shape
 from ..library.elementwise import relu, sigmoid, tanh
 from ..library.indexing import cat, stack
@@ -360,6 +360,16 @@ class GRUCell(RNNCellBase):
 
 
 # -- run-time lengths: compiled once, stepped from Python -----------------------------------------------
+def _float32(value, what: str) -> np.ndarray:
+    """A caller's array (numpy, a CPU torch tensor, nested lists) as float32, or a DTypeError naming it."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    try:
+        return np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise DTypeError(f"{what}: cannot read {type(value).__name__} as a float32 array ({e})") from None
+
+
 class _Steps:
     """Calls one compiled step program many times with arrays of the same shapes.
 
@@ -528,7 +538,7 @@ class SequenceRunner:
     # -- checking the caller's arrays ----------------------------------------------------------------
     def _time_major(self, input) -> tuple[np.ndarray, bool]:
         m, name = self.module, self.module._name
-        x = np.asarray(input, dtype=np.float32)
+        x = _float32(input, f"{name}: input")
         if x.ndim not in (2, 3):
             raise ShapeError(f"{name}: expected a 3-D (batched) or 2-D (unbatched) input, got shape {x.shape}")
         if x.shape[-1] != m.input_size:
@@ -545,7 +555,7 @@ class SequenceRunner:
         count = m.num_layers * m.num_directions
         if value is None:
             return np.zeros((count, batch, m.hidden_size), np.float32)
-        state = np.asarray(value, dtype=np.float32)
+        state = _float32(value, f"{m._name}: {what}")
         expected = (count, m.hidden_size) if unbatched else (count, batch, m.hidden_size)
         if state.shape != expected:
             raise ShapeError(f"{m._name}: expected {what} of shape {expected}, got {state.shape}")
@@ -643,7 +653,7 @@ class SequenceRunner:
             raise UnsupportedError("SequenceRunner.backward: run the sequence forward first")
         saved, unbatched, steps, batch = self._saved
         lstm, hidden = m.mode == "LSTM", m.hidden_size
-        d_out = np.asarray(grad_output, dtype=np.float32)
+        d_out = _float32(grad_output, f"{m._name}.backward: grad_output")
         width = hidden * m.num_directions
         expected = (steps, width) if unbatched else ((batch, steps, width) if m.batch_first else (steps, batch, width))
         if d_out.shape != expected:
