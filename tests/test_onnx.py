@@ -231,3 +231,23 @@ def test_cli_describes_and_runs_a_model(tmp_path, capsys):
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["probs.npy"]  # no temporary left behind
     assert main(["onnx", str(tmp_path / "mlp.onnx"), "--input", "x=missing.npy"]) == 1
     assert "input 'x': file 'missing.npy' does not exist" in capsys.readouterr().err
+
+
+def test_symbolic_sizes_flow_into_values_and_same_padding():
+    # Shape of a symbolic input used as data, and a strided SAME_UPPER conv whose pads depend on the size
+    w = np.random.default_rng(4).standard_normal((2, 1, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["s", "s"], ["squares"]),
+             helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2], auto_pad="SAME_UPPER")]
+    proto = make_model(nodes, [tensor("x", TensorProto.FLOAT, [1, 1, "h", "w"])],
+                       [tensor("sf", TensorProto.FLOAT, [4]), tensor("squares", TensorProto.INT64, [4]),
+                        tensor("y", TensorProto.FLOAT, None)], [numpy_helper.from_array(w, "w")])
+    model = lo.load(proto).compile("cpu")
+    for h, width in ((5, 8), (6, 7)):  # odd and even sizes: different pads, one compiled program
+        x = np.random.default_rng(h).standard_normal((1, 1, h, width)).astype(np.float32)
+        got, want = model({"x": x}), ort_run(proto, {"x": x})
+        np.testing.assert_array_equal(got["sf"], [1, 1, h, width])
+        assert got["squares"].dtype == np.int64
+        np.testing.assert_array_equal(got["squares"], want["squares"])
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)

@@ -39,6 +39,8 @@ def fold(node, inputs: list, attrs: dict, opsets: dict) -> list | None:
         if fn is None:
             return None
         out = fn(attrs, *inputs)
+        if out is None:
+            return None
         return [normalize(np.asarray(o, dtype=object) if not isinstance(o, np.ndarray) else o)
                 for o in (out if isinstance(out, tuple) else (out,))]
     return _reference(node, inputs, opsets)
@@ -112,6 +114,14 @@ def _binary(fn):
     return lambda attrs, a, b: np.vectorize(fn, otypes=[object])(a.astype(object), b.astype(object))
 
 
+def _integer_type(elem_type) -> bool:
+    from onnx import helper
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).kind in "iu"
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def _div(a, b):
     return a // b  # integer shape arithmetic: sizes are non-negative, so floor = truncation
 
@@ -125,7 +135,7 @@ SYMBOLIC = {
     "Slice": _slice,
     "Reshape": _reshape,
     "Flatten": lambda attrs, x: x.reshape(1, -1) if x.ndim else x.reshape(1, 1),
-    "Cast": lambda attrs, x: x,  # shape values stay integers whatever the cast says
+    "Cast": lambda attrs, x: x if _integer_type(attrs.get("to")) else None,  # to a float: built in the graph
     "Add": _binary(lambda a, b: a + b),
     "Sub": _binary(lambda a, b: a - b),
     "Mul": _binary(lambda a, b: a * b),

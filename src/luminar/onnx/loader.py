@@ -411,10 +411,10 @@ class OnnxModel:
             value = env.get(info.name)
             if value is None:
                 raise ShapeError(f"{name}: graph output {info.name!r} is produced by no node")
+            if isinstance(value, np.ndarray) and value.dtype == object:
+                # sizes that depend on symbolic dims: computed at run time, as integer expressions
+                value = Traced(builder.constant_tensor(value), np.dtype(np.int64))
             if isinstance(value, np.ndarray):
-                if value.dtype == object:
-                    value = np.array([int(v.value) if hasattr(v, "value") and v.is_const else -1
-                                      for v in value.reshape(-1)]).reshape(value.shape)
                 self._outputs[info.name] = ("const", value.astype(info.dtype, copy=False))
                 continue
             out_name = _identifier(info.name, taken)

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
+from ..symbolic import smax
 from ..library import nn_ops
 from ..library.indexing import cat as lm_cat
 from .registry import dtype_of, is_const, known_dims, op, to_int
@@ -37,10 +38,11 @@ def _pads(ctx, spatial, kernel, strides, dilations):
     n = len(kernel)
     auto = ctx.attr("auto_pad", "NOTSET")
     if auto in ("SAME_UPPER", "SAME_LOWER"):
-        sizes = _known(spatial, f"auto_pad={auto}")
         out = []
-        for size, k, s, d in zip(sizes, kernel, strides, dilations):
-            total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        for size, k, s, d in zip(spatial, kernel, strides, dilations):
+            # (a symbolic size gives symbolic pads: how much depends on the size modulo the stride)
+            total = smax(((size + s - 1) // s - 1) * s + (k - 1) * d + 1 - size, 0)
+            total = to_int(total)
             small = total // 2
             out.append((small, total - small) if auto == "SAME_UPPER" else (total - small, small))
         return out
