@@ -39,6 +39,19 @@ C_TYPES = {"float32": "float", "float16": "_Float16", "bfloat16": "unsigned shor
 PARALLEL_MIN_WORK = 1 << 15
 PRECOMPUTED = 1 << 24  # floats (64 MB): the largest buffer of row or panel operands computed before the tiles
 
+
+def _vector_lanes() -> int:
+    """Floats per SIMD register of -march=native code: 16 with AVX-512, else 8 (64-byte GCC vectors
+    on an AVX2-only CPU compile to piecewise code through memory: a matmul ran at 0.6 GFLOP/s)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return 16 if " avx512f" in f.read() else 8
+    except OSError:
+        return 8
+
+
+VECTOR_LANES = _vector_lanes()
+
 PRELUDE = f"""\
 #include <math.h>
 #include <stdint.h>
@@ -50,6 +63,7 @@ PRELUDE = f"""\
 extern float exp2f(float) __attribute__((simd("notinbranch")));
 extern float log2f(float) __attribute__((simd("notinbranch")));
 extern float sinf(float) __attribute__((simd("notinbranch")));
+typedef float lm_vec __attribute__((vector_size({4 * VECTOR_LANES})));
 static inline float lm_bf16(unsigned short b) {{ union {{ uint32_t u; float f; }} v = {{ (uint32_t)b << 16 }}; return v.f; }}
 /* exp2 as inline arithmetic rather than libmvec's exp2f: that one takes a slow per-lane path for
    results outside the normal floats (masked attention scores below -126 made a causal softmax
@@ -416,8 +430,8 @@ def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
     return f"({a} - truncf({a} * {render_float(1.0 / b)}) * {render_float(b)})"
 
 
-TILE_ROWS, TILE_COLS, ROW_CHUNK = 8, 32, 64  # the default register tile and row block
-ONLINE_ROWS, ONLINE_KEYS = 64, 64  # an online-softmax kernel's default block of query rows x keys (with 128 x 64,
+TILE_ROWS, TILE_COLS, ROW_CHUNK = (8, 32, 64) if VECTOR_LANES == 16 else (6, 16, 64)  # the default register tile and row block
+ONLINE_ROWS, ONLINE_KEYS = 64, 4 * VECTOR_LANES  # an online-softmax kernel's default block of query rows x keys (with 128 x 64,
 #                                    the fastest of the search's candidates for 8 heads x 64, seq 1024-4096)
 
 
@@ -927,13 +941,12 @@ def _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row
     """The micro-kernel for row x panel products: ti x tj/16 vector accumulators that stay in
     registers, each step one broadcast row value times tj/16 panel vectors (fused multiply-adds)."""
     row, _ = vec
-    nv = tj // 16
-    out = ["        typedef float lm_v16 __attribute__((vector_size(64)));",
-           f"        lm_v16 acc[{ti}][{nv}];",
+    nv = tj // VECTOR_LANES
+    out = [           f"        lm_vec acc[{ti}][{nv}];",
            f"        #pragma GCC unroll {ti * nv}",
-           f"        for (int q = 0; q < {ti * nv}; q++) acc[q / {nv}][q % {nv}] = (lm_v16){{0}};",
+           f"        for (int q = 0; q < {ti * nv}; q++) acc[q / {nv}][q % {nv}] = (lm_vec){{0}};",
            f"        for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++) {{",
-           f"          const lm_v16 *restrict pv = (const lm_v16 *)&pan[({r} - {k_lo}) * {tj}];",
+           f"          const lm_vec *restrict pv = (const lm_vec *)&pan[({r} - {k_lo}) * {tj}];",
            f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{"]
     if row_clamp:
         out.append(f"            {row_clamp}")

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..backends import cc
-from ..backends.cpu import (ONLINE_KEYS, ONLINE_ROWS, PRELUDE, Schedule, default_schedule, plan_tiles, render_kernel,
+from ..backends.cpu import (ONLINE_KEYS, ONLINE_ROWS, PRELUDE, VECTOR_LANES, Schedule, default_schedule, plan_tiles, render_kernel,
                             render_oracle)
 from ..errors import DimensionError, UnsupportedError, ValueDomainError
 from .kernels import (Apply, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select, depends_on, loads,
@@ -458,7 +458,7 @@ def _tiled_schedule(nest, kernel, plan, default):
     order += "" if i is not None else "i"  # one row: the renderer's row loop runs once
     kc = kspan if "k" in order.lower() else 0
     vector = tail[-1][4] == "vec" and tj % 16 == 0 and vector_body(plan) is not None
-    if ti > 16 or tj > 64 or vector and ti * tj // 16 > 28 or kc and kc < 64:
+    if ti > 16 or tj > 64 or vector and ti * tj // VECTOR_LANES > (28 if VECTOR_LANES == 16 else 12) or kc and kc < 64:
         return None
     try:
         check_tile_order(order, bool(kc), bool(plan.panels))
@@ -851,7 +851,7 @@ def search_program(program: KernelProgram, opts: SearchOptions, fixed: dict | No
 
 
 # -- fusion: regions of the program as e-graph terms, each form measured -----------------------------
-ONLINE_TILES = ((ONLINE_ROWS, ONLINE_KEYS), (128, 64), (32, 64), (64, 32))  # (query rows, keys) per block
+ONLINE_TILES = ((ONLINE_ROWS, ONLINE_KEYS), (128, ONLINE_KEYS), (32, ONLINE_KEYS), (ONLINE_ROWS, ONLINE_KEYS // 2))  # (query rows, keys) per block
 INLINE_COLUMNS = 4  # the inlined form is timed only when it recomputes a region for at most this many columns
 
 
