@@ -147,7 +147,6 @@ def _data_dependent(name, why):
 
 _data_dependent("NonZero", "the number of non-zero elements decides the output shape")
 _data_dependent("Unique", "the number of distinct values decides the output shape")
-_data_dependent("Compress", "the condition's values decide the output shape")
 _data_dependent("NonMaxSuppression", "the number of boxes kept decides the output shape")
 _data_dependent("StringNormalizer", "string tensors are not supported")
 

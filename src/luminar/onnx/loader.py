@@ -395,7 +395,9 @@ class OnnxModel:
 
     `inputs` / `outputs`: TensorInfo lists (names, dtypes, shapes with dim names for dim_params).
     `compile(backend, **options)` compiles it (options as for Graph.compile); calling the model
-    with arrays by ONNX input name returns a dict of arrays by ONNX output name.
+    with arrays by ONNX input name returns a dict of arrays by ONNX output name (a model called
+    before `compile` compiles itself for "cpu"). `graph` is the luminar Graph, `weights` the
+    arrays its weight inputs hold, `op_histogram` the ONNX op counts.
     """
 
     def __init__(self, proto, name: str, constants: dict | None = None, dims: dict | None = None):

@@ -630,3 +630,68 @@ def col2im(ctx, x, image_shape, block_shape):
     for k in range(r):
         total = total.narrow(2 + k, pads[k], image[k])
     return _same(ctx, x, total)
+
+
+@op("ConvInteger")
+def conv_integer(ctx, x, w, x_zero=None, w_zero=None):
+    xt, wt = ctx.tensor(x), ctx.tensor(w)
+    if x_zero is not None:
+        xt = xt - ctx.tensor(x_zero)
+    if w_zero is not None:
+        z = ctx.tensor(w_zero)
+        wt = wt - (z.reshape(-1, *([1] * (wt.ndim - 1))) if z.ndim == 1 else z)
+    out = conv(ctx, ctx.traced(xt, np.float32), ctx.traced(wt, np.float32))
+    return ctx.traced(out.tensor, np.int32)
+
+
+def _bilinear_rows(coord, size: int, graph):
+    """(..., size): the bilinear weights of reading position `coord` along an axis of `size`
+    (positions outside the axis read zeros)."""
+    base = coord.floor()
+    frac = coord - base
+    positions = graph.arange(size)
+    return base.unsqueeze(-1).eq(positions) * (1.0 - frac).unsqueeze(-1) + \
+        (base + 1.0).unsqueeze(-1).eq(positions) * frac.unsqueeze(-1)
+
+
+@op("DeformConv")
+def deform_conv(ctx, x, w, offset, b=None, mask=None):
+    """A 2-D convolution whose every kernel tap reads the input at a learned offset: per tap, a
+    bilinear sampling matrix (output positions x input pixels) gathers the columns, then one matmul
+    per group with the weights, as in ONNX's reference (GridSample, align_corners, zero padding)."""
+    t, weight, off = ctx.tensor(x), ctx.tensor(w), ctx.tensor(offset)
+    if t.ndim != 4:
+        raise UnsupportedError(f"DeformConv on {t.ndim - 2}-D inputs (2-D is built)")
+    n, c, height, width = known_dims(t.dims, "DeformConv")
+    out_c, per_group = known_dims(weight.dims[:2], "DeformConv")
+    kh, kw = ctx.attr("kernel_shape") or known_dims(weight.dims[2:], "DeformConv")
+    groups, offset_groups = ctx.attr("group", 1), ctx.attr("offset_group", 1)
+    sh, sw = ctx.attr("strides", [1, 1])
+    dh, dw = ctx.attr("dilations", [1, 1])
+    pads = ctx.attr("pads", [0, 0, 0, 0])
+    oh, ow = known_dims(off.dims[2:], "DeformConv")
+    off = off.reshape(n, offset_groups, kh, kw, 2, oh, ow)
+    m = None if mask is None else ctx.tensor(mask).reshape(n, offset_groups, kh, kw, oh * ow)
+    rows = (ctx.graph.arange(oh) * float(sh) - pads[0]).reshape(oh, 1)
+    cols = (ctx.graph.arange(ow) * float(sw) - pads[1]).reshape(1, ow)
+    grouped = t.reshape(n, offset_groups, c // offset_groups, height * width)
+    taps = []
+    for a in range(kh):
+        for bj in range(kw):
+            y = (rows + float(a * dh)) + off.narrow(2, a, 1).narrow(3, bj, 1).narrow(4, 0, 1).reshape(
+                n, offset_groups, oh, ow)
+            xx = (cols + float(bj * dw)) + off.narrow(2, a, 1).narrow(3, bj, 1).narrow(4, 1, 1).reshape(
+                n, offset_groups, oh, ow)
+            sample = _bilinear_rows(y, height, ctx.graph).unsqueeze(-1) * _bilinear_rows(xx, width, ctx.graph).unsqueeze(-2)
+            sample = sample.reshape(n, offset_groups, oh * ow, height * width)
+            read = grouped @ sample.mT  # (N, G, C/G, P)
+            if m is not None:
+                read = read * m.narrow(2, a, 1).narrow(3, bj, 1).reshape(n, offset_groups, 1, oh * ow)
+            taps.append(read.reshape(n, c, 1, oh * ow))
+    from ..library.indexing import cat
+    columns = cat(taps, 2).reshape(n, groups, per_group * kh * kw, oh * ow)  # channel-major, then taps
+    kernel = weight.reshape(groups, out_c // groups, per_group * kh * kw)
+    out = (kernel.unsqueeze(0) @ columns).reshape(n, out_c, oh, ow)
+    if b is not None:
+        out = out + ctx.tensor(b).reshape(out_c, 1, 1)
+    return _same(ctx, x, out)

@@ -18,7 +18,7 @@ from ..errors import ShapeError, UnsupportedError
 from ..library.indexing import cat as lm_cat
 from ..shape import index_var
 from ..symbolic import Expr, sym
-from .registry import NARROW_INTS, Traced, dtype_of, integer_kind, is_const, is_float, op, to_int
+from .registry import NARROW_INTS, Traced, dtype_of, integer_kind, is_const, is_float, known_dims, op, to_int
 
 _INT_MAX = 2 ** 62
 
@@ -584,3 +584,33 @@ def qlinear_matmul(ctx, a, a_scale, a_zero, b, b_scale, b_zero, y_scale, y_zero)
     low, high = _QUANT_RANGE[dtype_of(y_zero).name]
     return ctx.traced(q.clamp(float(low), float(high)), dtype_of(y_zero))
 
+
+
+@op("Compress")
+def compress(ctx, x, condition):
+    """Compress with a condition known at load time: a selection by constant indices."""
+    keep = np.flatnonzero(np.asarray(ctx.const(condition, "the condition", 1)).reshape(-1))
+    t = ctx.tensor(x)
+    axis = ctx.attr("axis")
+    if axis is None:
+        t, axis = t.reshape(-1), 0
+    axis = _axis(axis, t.ndim)
+    keep = keep[keep < to_int(t.dims[axis])]
+    return _same(ctx, x, t.index_select(axis, ctx.tensor(keep.astype(np.int32))))
+
+
+@op("ReverseSequence")
+def reverse_sequence(ctx, x, lengths):
+    """Each batch entry's first lengths[b] steps reversed: a gather along time by a constant index."""
+    t = ctx.tensor(x)
+    lens = np.asarray(ctx.const(lengths, "sequence_lens", 1)).astype(np.int64)
+    batch_axis, time_axis = ctx.attr("batch_axis", 1), ctx.attr("time_axis", 0)
+    shape = known_dims(t.dims, "ReverseSequence")
+    steps = np.arange(shape[time_axis])
+    index = np.where(steps[None, :] < lens[:, None], lens[:, None] - 1 - steps[None, :], steps[None, :])  # (B, T)
+    if batch_axis > time_axis:
+        index = index.T
+    view = [1] * len(shape)
+    view[batch_axis], view[time_axis] = shape[batch_axis], shape[time_axis]
+    full = np.broadcast_to(index.reshape(view), shape).astype(np.int32)
+    return _same(ctx, x, t.gather(time_axis, ctx.tensor(np.ascontiguousarray(full))))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ShapeError, UnsupportedError
+from ..errors import UnsupportedError
 from ..symbolic import Expr
 from ..tensor import GraphTensor
 
@@ -124,12 +124,6 @@ class NodeContext:
 
     def attr(self, name: str, default=None):
         return self.attrs.get(name, default)
-
-    def fail(self, message: str, error=ShapeError):
-        raise error(message)
-
-    def unsupported(self, message: str):
-        raise UnsupportedError(message)
 
     def tensor(self, value) -> GraphTensor:
         """Any value as a GraphTensor (a constant array becomes a weight or a scalar constant)."""
