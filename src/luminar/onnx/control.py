@@ -9,9 +9,10 @@ only possible when both give the same shapes; otherwise it is unsupported.
 number of iterations at load time (a Scan's sequence length; a Loop's trip count, and a loop
 condition that every iteration computes from known values).
 
-A static graph cannot hold ops whose output shape depends on input values (NonZero, Unique, a
-Loop whose trip count or condition is only known at run time...): they raise UnsupportedError
-at load time, naming the node, its op and opset.
+A static graph cannot hold ops whose output shape depends on input values (NonZero, Unique,
+NonMaxSuppression, a Loop whose trip count or condition is only known at run time...): they raise
+UnsupportedError at load time, naming the node, its op and opset. (Compress is built when its
+condition is known at load time.)
 """
 from __future__ import annotations
 
