@@ -65,21 +65,47 @@ def run(threads: int, quick: bool) -> dict:
     window = np.zeros((80, 3000), np.float32)
     window[:, :features.shape[1] - 1] = features[:, :-1]
     storage = ctranslate2.StorageView.from_array(window[None])
+    matmul = _matmul_probe(np)
     contenders = {"luminar": lambda: ours.transcribe(wav), "faster-whisper fp32": lambda: faster(fw32),
                   "faster-whisper int8": lambda: faster(fw8),
                   "luminar encoder": lambda: ours.encode(window),
-                  "ct2 fp32 encoder": lambda: fw32.model.encode(storage, to_cpu=True)}
+                  "ct2 fp32 encoder": lambda: fw32.model.encode(storage, to_cpu=True),
+                  "luminar matmul": matmul["luminar"], "numpy matmul": matmul["numpy"]}
     idle = machine.wait_for_idle(30 if quick else 120)
     with machine.LoadMonitor() as load:
         timings = timing.interleaved(contenders, max_rounds=1 if quick else 5, min_rounds=1 if quick else 3,
                                      budget_s=5 if quick else 60)
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "mode": "quick" if quick else "full",
-            "cpu": machine.cpu_model(), "cpus": os.cpu_count(), "threads": threads,
+            "cpu": machine.cpu_model(), "cpus": os.cpu_count(), "threads": threads, "avx512": _has_avx512(),
             "python": platform.python_version(), "luminar": machine.git_revision(), "compiler": machine.compiler_version(),
             "ctranslate2": ctranslate2.__version__, "audio": {"file": "beckett.wav", "seconds": seconds_of_audio},
             "load_s": {"luminar": load_luminar, "faster-whisper fp32": load_fw},
             "transcripts": transcripts, "idle_before": idle,
             "others_cpus": round(load.foreign_cpus, 2), "steal_cpus": round(load.steal_cpus, 2), "timings": timings}
+
+
+MATMUL = (1500, 384, 1536)  # the encoder's first FFN matmul: 1500 positions x d 384 -> 1536
+
+
+def _matmul_probe(np) -> dict:
+    """luminar's generated matmul at an encoder shape, and numpy's (OpenBLAS) on the same arrays: the
+    kernel speed every encoder layer depends on, measured in the same run."""
+    import luminar as lm
+    m, k, n = MATMUL
+    g = lm.Graph()
+    (g.tensor("x", (m, k)) @ g.tensor("w", (k, n))).output("y")
+    program = g.compile("cpu")
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+    return {"luminar": lambda: program(x=x, w=w), "numpy": lambda: x @ w}
+
+
+def _has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return " avx512f" in f.read()
+    except OSError:
+        return False
 
 
 def markdown(r: dict) -> str:
@@ -104,12 +130,25 @@ def markdown(r: dict) -> str:
     for name in ("luminar encoder", "ct2 fp32 encoder"):
         lines.append(f"| {name} (one 30 s window) | {median(name):.3f} s | {t[name]['best_ms'] / 1e3:.3f} s | "
                      f"{t[name]['samples']} | | {encoder_ref / median(name):.2f}x (encoder) |")
+    flops = 2 * MATMUL[0] * MATMUL[1] * MATMUL[2]
+    for name in ("luminar matmul", "numpy matmul"):
+        lines.append(f"| {name} {MATMUL[0]}x{MATMUL[1]} @ {MATMUL[1]}x{MATMUL[2]} | {median(name) * 1e3:.1f} ms | "
+                     f"{t[name]['best_ms']:.1f} ms | {t[name]['samples']} | {flops / median(name) / 1e9:.1f} GFLOP/s | |")
     ratio = reference / median("luminar")
     lines += ["", f"**luminar / faster-whisper fp32: {ratio:.2f}x** "
               f"({'luminar faster' if ratio > 1 else 'faster-whisper faster'}; goal: > 1). "
               f"Load (read + build + compile): luminar {r['load_s']['luminar']:.1f} s, "
               f"faster-whisper {r['load_s']['faster-whisper fp32']:.1f} s.", "", "Transcripts:", ""]
     lines += [f"- {name}: \"{text}\"" for name, text in r["transcripts"].items()]
+    share = median("luminar encoder") / median("luminar")
+    lines += ["", f"The encoder is {min(share, 1.0):.0%} of luminar's time for this clip (one window). Its matmuls "
+              f"decide it: luminar's generated matmul ran at {flops / median('luminar matmul') / 1e9:.1f} GFLOP/s in "
+              f"this run, numpy's at {flops / median('numpy matmul') / 1e9:.1f}."]
+    if not r.get("avx512", True):
+        lines += ["This CPU has no AVX-512, while the cpu backend's kernels declare 64-byte vector types "
+                  "(backends/cpu.py `lm_v16`): gcc splits them into 256-bit halves that live on the stack, and the "
+                  "matmul row above shows the cost. So on this CPU the ratio measures luminar's code generator "
+                  "more than the Whisper graphs."]
     same = len({r["transcripts"]["luminar"], r["transcripts"]["faster-whisper fp32"]}) == 1
     lines += ["", f"luminar's transcript {'equals' if same else 'DIFFERS FROM'} faster-whisper fp32's.", ""]
     return "\n".join(lines)
