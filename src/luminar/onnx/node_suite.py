@@ -152,7 +152,8 @@ def run_luminar(case: Case, backend: str = "reference", model=None, inputs=None,
 
 
 def _source_inputs(model, tensor: str) -> list[str]:
-    """The graph inputs that `tensor` is computed from (itself, if it is one)."""
+    """The graph inputs whose values `tensor` is computed from (itself, if it is one); the input of a
+    Shape or Size node does not count (its shape is known at load time), nor CastLike's second."""
     producer = {out: node for node in model.graph.node for out in node.output}
     seen, stack, found = set(), [tensor], []
     while stack:
@@ -161,7 +162,11 @@ def _source_inputs(model, tensor: str) -> list[str]:
             continue
         seen.add(name)
         if name in producer:
-            stack.extend(i for i in producer[name].input if i)
+            node = producer[name]
+            if node.op_type == "CastLike":  # only the dtype of its second input matters
+                stack.append(node.input[0])
+            elif node.op_type not in ("Shape", "Size"):
+                stack.extend(i for i in node.input if i)
         else:
             found.append(name)
     return found

@@ -209,6 +209,26 @@ def _edge_pad(t, axis, before, after, mode):
     return lm_cat(parts, axis) if len(parts) > 1 else t
 
 
+def _pad_with_blocks(ctx, t, before: dict, after: dict, fill: float):
+    """Constant padding by a non-finite value (graph constants are finite): known blocks of `fill`
+    concatenated on each side (negative amounts crop first)."""
+    for a in sorted(set(before) | set(after)):
+        b, e = before.get(a, 0), after.get(a, 0)
+        if b < 0:
+            t, b = t.narrow(a, -b, to_int(t.dims[a]) + b), 0
+        if e < 0:
+            t, e = t.narrow(a, 0, to_int(t.dims[a]) + e), 0
+        shape = known_dims(t.dims, "Pad with a non-finite value")
+        parts = []
+        for amount in (b, e):
+            block = list(shape)
+            block[a] = amount
+            parts.append(ctx.tensor(np.full(block, fill, np.float32)) if amount else None)
+        pieces = [p for p in (parts[0], t, parts[1]) if p is not None]
+        t = lm_cat(pieces, a) if len(pieces) > 1 else t
+    return t
+
+
 @op("Pad")
 def pad(ctx, x, pads=None, value=None, axes=None):
     t = ctx.tensor(x)
@@ -230,7 +250,7 @@ def pad(ctx, x, pads=None, value=None, axes=None):
         for a in reversed(range(t.ndim)):
             flat += [before.get(a, 0), after.get(a, 0)]
         if not math.isfinite(fill):
-            raise UnsupportedError(f"Pad with the non-finite value {fill}")
+            return _same(ctx, x, _pad_with_blocks(ctx, t, before, after, fill))
         return _same(ctx, x, t.pad(flat, value=fill) if any(flat) else t + 0.0)
     if mode not in ("edge", "reflect", "wrap"):
         raise UnsupportedError(f"Pad mode {mode!r}")
@@ -310,6 +330,8 @@ def cast(ctx, x):
 
 @op("CastLike")
 def cast_like(ctx, x, like):
+    if is_const(x) and x.dtype != object:  # only `like`'s dtype matters: a known x stays known
+        return x.astype(dtype_of(like))
     return _cast(ctx, x, dtype_of(like))
 
 
