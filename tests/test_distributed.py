@@ -119,7 +119,7 @@ def _reference_training(batch: int, steps: int = DP_STEPS, start: int = 0, check
     return {k: np.array(v) for k, v in train.params().items()}, losses
 
 
-@pytest.mark.parametrize("ranks, batch", [(2, 16), (4, 16), (4, 18)])  # 18 rows: shards of 5, 5, 4, 4
+@pytest.mark.parametrize("ranks, batch", [(2, 16), (4, 18)])  # 18 rows on 4 ranks: shards of 5, 5, 4, 4
 def test_data_parallel_equals_single_process_training(tmp_path, ranks, batch):
     _launch(ranks, "data_parallel", tmp_path, batch)
     expected, losses = _reference_training(batch)
@@ -170,11 +170,10 @@ def _small_llama(kind: str):
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, tie_word_embeddings=True))
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, tie_word_embeddings=False))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            scale = 0.2 if "norm" in name else 0.15
-            p.copy_((1.0 if "norm" in name else 0.0) + scale * torch.randn(p.shape, generator=generator))
+    rng = np.random.default_rng(0)  # norms near 1, matrices ~0.15: far from transformers' tiny init
+    model.load_state_dict({name: torch.from_numpy(((1.0 if "norm" in name else 0.0) + (0.2 if "norm" in name else 0.15)
+                                                   * rng.standard_normal(tuple(p.shape))).astype(np.float32))
+                           for name, p in model.state_dict().items()})
     return model.eval()
 
 

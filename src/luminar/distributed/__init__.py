@@ -5,7 +5,10 @@
 - data_parallel.py   DataParallel: TrainStep with the batch split by rank and gradients all-reduced
 - tensor_parallel.py tensor-parallel Llama inference (heads and MLP columns split, vocabulary split)
 - pipeline.py        pipeline-parallel Llama inference (layers in stages, micro-batches streamed)
-- launch.py          `python -m luminar.distributed ...` under mpirun, and `luminar mpirun ...`
+- pipeline_train.py  PipelineStage: GPipe training, one stage per rank
+- launch.py          starting ranks under mpirun with deadlines; ending the job on an error
+- __main__.py        `mpirun -n N python -m luminar.distributed generate ...`: what each rank runs
+- commands.py        `luminar parallel --ranks N ...`: starts that under mpirun
 
 Everything here is outside luminar's core: the core knows nothing about processes.
 """

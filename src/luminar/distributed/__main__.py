@@ -40,6 +40,7 @@ def add_generate_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="wrap --prompt in the tokenizer's chat template")
     parser.add_argument("--max-new-tokens", type=int, default=32, metavar="N")
     parser.add_argument("--backend", default="cpu", choices=["cpu", "reference"])
+    parser.add_argument("--quiet", action="store_true", help="no timings on stderr")
 
 
 def generate(args, comm) -> int:
@@ -68,6 +69,7 @@ def generate(args, comm) -> int:
     done = time.perf_counter()
     if comm.rank == 0:
         print(tokenizer.decode(new) if tokenizer is not None else " ".join(map(str, new)), flush=True)
+    if comm.rank == 0 and not args.quiet:
         print(f"luminar.distributed: {args.mode} parallel over {comm.size} ranks: loaded and compiled in "
               f"{loaded - started:.1f} s; {len(new)} tokens in {done - loaded:.2f} s; rank 0 holds "
               f"{model.resident_weight_bytes / 2**20:.1f} MiB of weights", file=sys.stderr, flush=True)

@@ -19,7 +19,6 @@ def add_commands(commands) -> None:
                                  description="Greedy generation with the model split over RANKS MPI processes.")
     parser.add_argument("--ranks", type=int, default=2, metavar="N", help="number of processes (default 2)")
     add_generate_options(parser)
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(handler=run)
 
 
@@ -32,6 +31,7 @@ def run(args, log) -> int:
                  "--backend", args.backend]
     forwarded += ["--prompt", args.prompt] if args.prompt is not None else ["--ids", args.ids]
     forwarded += ["--chat"] if args.chat else []
+    forwarded += ["--quiet"] if args.quiet else []
     command = mpirun_command(args.ranks, module_command(forwarded))
     threads = max(1, (os.cpu_count() or 1) // args.ranks)
     log(f"starting {args.ranks} ranks ({threads} thread{'s' if threads > 1 else ''} each): {' '.join(command)}")

@@ -35,7 +35,8 @@ import numpy as np
 
 from ..errors import InputError, LuminarError, ShapeError, WeightFileError
 from ..graph import Graph
-from ..optim.train import TrainStep, _autograd
+from ..autograd import grad as autograd
+from ..optim.train import TrainStep
 from ..optim.optimizers import Optimizer, _grads_list, _params_dict
 from .comm import Communicator, DistributedError, _split_counts
 
@@ -60,7 +61,7 @@ class DataParallel:
         if not isinstance(bucket_bytes, int) or bucket_bytes < 4:
             raise InputError(f"DataParallel: bucket_bytes must be an int >= 4, got {bucket_bytes!r}")
         params = _params_dict(optimizer, params)
-        grads = _grads_list(optimizer, params, _autograd(loss, params) if grads is None else grads)
+        grads = _grads_list(optimizer, params, autograd(loss, list(params.values())) if grads is None else grads)
         # the gradient program: loss and gradients of this rank's shard
         self.keys = list(params)
         self.shapes = [tuple(p.shape) for p in params.values()]
