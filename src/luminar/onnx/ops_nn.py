@@ -312,7 +312,8 @@ def lp_normalization(ctx, x):
     t = ctx.tensor(x)
     axis, p = ctx.attr("axis", -1), ctx.attr("p", 2)
     norm = t.abs().sum(axis, keepdim=True) if p == 1 else (t * t).sum(axis, keepdim=True).sqrt()
-    return _same(ctx, x, t / norm)
+    # a zero norm means a zero slice, which stays zero (dividing by 1 instead of 0)
+    return _same(ctx, x, t / (norm + norm.eq(0.0)))
 
 
 # -- resizing ---------------------------------------------------------------------------------------
