@@ -95,9 +95,8 @@ def _bits_numpy(quants: np.ndarray, count: int, bits: int, inner: bool = False) 
 
 def _bit_fields(quants: GraphTensor, count: int, bits: int, inner: bool = False) -> GraphTensor:
     """The same from primitives, without a concatenation: the bytes are broadcast over a new
-    axis h of size `count`, and field h of byte q is floor(q / 2^(bits h)) fmod 2^bits, exact in
-    float32 (the divisor is an integer constant of h, so it is a power of two; its reciprocal is
-    exact).
+    axis h of size `count`, and field h of byte q is floor(q * 2^-(bits h)) fmod 2^bits, exact in
+    float32 (the multiplier is a power of two, from an index constant of h).
 
     A concatenation (pad + add) would leave padding tests and div/mod in the consumer's index
     math; this way the fields merge into rows by plain reshapes, so a matmul reads each byte
@@ -108,11 +107,12 @@ def _bit_fields(quants: GraphTensor, count: int, bits: int, inner: bool = False)
     shape.insert(axis, count)
     spread = quants.unsqueeze(axis).expand(*shape)  # no copy
     h = Var(f"_d{axis}", 0, count - 1)
-    if count == 2:  # a linear divisor 1 or 2^bits keeps the index math affine
-        divisor = 1 + ((1 << bits) - 1) * h
+    if count == 2:  # 1 or 2^-bits, affine in h: no division per element (nibbles are the hot case)
+        multiplier = 1.0 - quants.graph.constant(h, spread.dims) * (1.0 - 1.0 / (1 << bits))
     else:
         divisor = sum((h.eq(k) * (1 << (bits * k)) for k in range(1, count)), h.eq(0))
-    shifted = spread * quants.graph.constant(divisor, spread.dims).reciprocal()
+        multiplier = quants.graph.constant(divisor, spread.dims).reciprocal()
+    shifted = spread * multiplier
     whole = shifted - shifted.fmod(1.0)  # floor (values are >= 0)
     return whole.fmod(float(1 << bits))
 
