@@ -94,27 +94,29 @@ def _bits_numpy(quants: np.ndarray, count: int, bits: int, inner: bool = False) 
 
 
 def _bit_fields(quants: GraphTensor, count: int, bits: int, inner: bool = False) -> GraphTensor:
-    """The same from primitives, without a concatenation: the bytes are broadcast over a new
-    axis h of size `count`, and field h of byte q is floor(q * 2^-(bits h)) fmod 2^bits, exact in
-    float32 (the multiplier is a power of two, from an index constant of h).
+    """The same from primitives, without a concatenation. `count` (a power of two) fields are
+    split off in halves: the bytes are broadcast over a new axis h of size 2, and half h of
+    value q (halves of w bits) is floor(q * 2^-(w h)) fmod 2^w -- exact in float32, with a
+    multiplier 1 or 2^-w that is affine in h, so no division per element -- then each half is
+    split again until the fields have `bits` bits.
 
     A concatenation (pad + add) would leave padding tests and div/mod in the consumer's index
     math; this way the fields merge into rows by plain reshapes, so a matmul reads each byte
     with simple indices and the compiler unpacks the bits inside its loop.
     """
+    half, width = count // 2, count // 2 * bits
     axis = quants.ndim if inner else quants.ndim - 1  # where the new axis goes (counted from 0)
     shape = list(quants.dims)
-    shape.insert(axis, count)
+    shape.insert(axis, 2)
     spread = quants.unsqueeze(axis).expand(*shape)  # no copy
-    h = Var(f"_d{axis}", 0, count - 1)
-    if count == 2:  # 1 or 2^-bits, affine in h: no division per element (nibbles are the hot case)
-        multiplier = 1.0 - quants.graph.constant(h, spread.dims) * (1.0 - 1.0 / (1 << bits))
-    else:
-        divisor = sum((h.eq(k) * (1 << (bits * k)) for k in range(1, count)), h.eq(0))
-        multiplier = quants.graph.constant(divisor, spread.dims).reciprocal()
+    multiplier = 1.0 - quants.graph.constant(Var(f"_d{axis}", 0, 1), spread.dims) * (1.0 - 1.0 / (1 << width))
     shifted = spread * multiplier
     whole = shifted - shifted.fmod(1.0)  # floor (values are >= 0)
-    return whole.fmod(float(1 << bits))
+    halves = whole.fmod(float(1 << width))  # (..., 2, n) or (..., n, 2)
+    if half == 1:
+        return halves
+    fields = _bit_fields(halves, half, bits, inner)  # (..., 2, half, n) or (..., n, 2, half)
+    return fields.flatten(-2, -1) if inner else fields.flatten(-3, -2)
 
 
 def _nibbles_graph(quants: GraphTensor) -> GraphTensor:
