@@ -1,4 +1,10 @@
-"""The Llama family (Llama 2/3, SmolLM, Mistral, Qwen2) as one luminar graph, plus its KV cache.
+"""Decoder-only transformers of the Llama family as one luminar graph, plus their KV cache.
+
+Llama 2/3, SmolLM, Mistral, Qwen2/3, Phi-3 and Gemma 1/2/3 are one graph with features switched
+on by LlamaConfig: biases, q/k norms, Gemma's four norms per layer, (1 + w) norm weights and
+scaled embeddings, GELU or SiLU gates, soft-capping, and sliding-window layers. The config
+readers (from config.json and from GGUF metadata) refuse any field they do not implement, and
+Weights refuses a checkpoint with tensors the graph does not read.
 
 One graph serves prefill and decode. Its inputs are
 
@@ -8,8 +14,13 @@ One graph serves prefill and decode. Its inputs are
   Slot 0 is a dummy that attention masks out: luminar's symbolic sizes are >= 1, so an empty
   cache is the one-slot cache, and the tokens seen so far are t - 1. The new tokens sit at
   absolute positions t - 1 .. t - 2 + s (RoPE angles are computed in the graph from t).
+  With sliding-window layers, k_cache holds only the full-attention layers, and
+- ``k_local`` / ``v_local`` (u, sliding layers, kv_heads, head_dim) hold the last window - 1
+  tokens at most (slot 0 again masked), so the new tokens' positions come from the bound dim
+  ``p`` (tokens seen + 1) instead of t; a query sees the keys less than `window` positions back.
 - ``inv_freq`` (head_dim / 2,): RoPE inverse frequencies (a fixed input, set once like a weight,
-  so Llama 3 / linear rope scaling is only a different array)
+  so Llama 3 / linear rope scaling is only a different array); ``inv_freq_local`` for sliding
+  layers with their own RoPE base (Gemma 3)
 - the weights, declared by the I/O layer (quantized GGUF blocks stay quantized; dequantization
   is primitives the compiler fuses into the matmuls)
 
