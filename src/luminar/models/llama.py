@@ -161,6 +161,7 @@ _HF_INERT = {"architectures", "model_type", "transformers_version", "torch_dtype
              "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "max_position_embeddings",
              "pretraining_tp", "use_sliding_window", "max_window_layers", "sliding_window_pattern",
              "_sliding_window_pattern", "original_max_position_embeddings", "chunk_size_feed_forward",
+             "cache_implementation", "keys_to_ignore_at_inference",
              "tie_word_embeddings", "head_dim", "rms_norm_eps", "vocab_size", "hidden_size", "intermediate_size",
              "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "rope_theta", "rope_scaling",
              "rope_parameters", "rope_local_base_freq", "attention_bias", "mlp_bias", "hidden_act",
