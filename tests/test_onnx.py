@@ -251,3 +251,18 @@ def test_symbolic_sizes_flow_into_values_and_same_padding():
         assert got["squares"].dtype == np.int64
         np.testing.assert_array_equal(got["squares"], want["squares"])
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_depthwise_conv_with_large_kernel_matches_onnxruntime(backend):
+    # 5x5 depthwise kernels take the windowed form (ops_nn._depthwise): multiplier 2, stride, dilation, bias
+    rng = np.random.default_rng(5)
+    w, b = rng.standard_normal((6, 1, 5, 5)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], group=3, strides=[2, 1], dilations=[1, 2],
+                            pads=[2, 3, 1, 4])
+    proto = make_model([node], [tensor("x", TensorProto.FLOAT, [2, 3, 11, 12])], [tensor("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    x = rng.standard_normal((2, 3, 11, 12)).astype(np.float32)
+    got, want = lo.load(proto).compile(backend)({"x": x})["y"], ort_run(proto, {"x": x})["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

