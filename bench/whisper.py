@@ -144,11 +144,6 @@ def markdown(r: dict) -> str:
     lines += ["", f"The encoder is {min(share, 1.0):.0%} of luminar's time for this clip (one window). Its matmuls "
               f"decide it: luminar's generated matmul ran at {flops / median('luminar matmul') / 1e9:.1f} GFLOP/s in "
               f"this run, numpy's at {flops / median('numpy matmul') / 1e9:.1f}."]
-    if not r.get("avx512", True):
-        lines += ["This CPU has no AVX-512, while the cpu backend's kernels declare 64-byte vector types "
-                  "(backends/cpu.py `lm_v16`): gcc splits them into 256-bit halves that live on the stack, and the "
-                  "matmul row above shows the cost. So on this CPU the ratio measures luminar's code generator "
-                  "more than the Whisper graphs."]
     same = len({r["transcripts"]["luminar"], r["transcripts"]["faster-whisper fp32"]}) == 1
     lines += ["", f"luminar's transcript {'equals' if same else 'DIFFERS FROM'} faster-whisper fp32's.", ""]
     return "\n".join(lines)
