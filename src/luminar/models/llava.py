@@ -173,6 +173,26 @@ def _act(x: GraphTensor, kind: str) -> GraphTensor:
 
 
 # -- graphs ----------------------------------------------------------------------------------------
+class _Params:
+    """The weights of one graph by canonical name, and the linear layers and norms made of them."""
+
+    def __init__(self, g: Graph, weights: Weights):
+        self.g, self.weights = g, weights
+
+    def __call__(self, name: str, *shape: int) -> GraphTensor:
+        return self.weights(self.g, name, shape)
+
+    def linear(self, x: GraphTensor, name: str, n_out: int, n_in: int, bias: bool) -> GraphTensor:
+        return lm.linear(x, self(name + ".weight", n_out, n_in), self(name + ".bias", n_out) if bias else None)
+
+    def layer_norm(self, x: GraphTensor, name: str, size: int, eps: float) -> GraphTensor:
+        return lm.layer_norm(x, (size,), self(name + ".weight", size), self(name + ".bias", size), eps)
+
+    def rms_norm(self, x: GraphTensor, name: str, size: int, c: LlamaConfig) -> GraphTensor:
+        scale = self(name + ".weight", size)
+        return lm.rms_norm(x, (size,), scale + c.norm_offset if c.norm_offset else scale, c.rms_norm_eps)
+
+
 def build_vision_graph(c: LlavaConfig, weights: Weights) -> Graph:
     """pixels (n, 3, H, W) -> image_features (n, image_tokens, text hidden size)."""
     v = c.vision
@@ -182,14 +202,13 @@ def build_vision_graph(c: LlavaConfig, weights: Weights) -> Graph:
     pixels = g.tensor("pixels", ("n", v.num_channels, v.image_size, v.image_size))
     n, tokens = pixels.dims[0], v.patches + 1
 
-    def w(name, *shape):
-        return weights(g, name, shape)
+    w = _Params(g, weights)
 
     def linear(x, name, n_out, n_in, bias=True):
-        return lm.linear(x, w(name + ".weight", n_out, n_in), w(name + ".bias", n_out) if bias else None)
+        return w.linear(x, name, n_out, n_in, bias)
 
     def norm(x, name):
-        return lm.layer_norm(x, (d,), w(name + ".weight", d), w(name + ".bias", d), v.layer_norm_eps)
+        return w.layer_norm(x, name, d, v.layer_norm_eps)
 
     patches = lm.conv2d(pixels, w("vision.embeddings.patch_embedding.weight", d, v.num_channels, v.patch_size,
                                   v.patch_size), stride=v.patch_size)  # (n, d, grid, grid)
@@ -222,45 +241,35 @@ def build_text_graph(c: LlamaConfig, weights: Weights) -> Graph:
     d, heads, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     tokens = g.tensor("tokens", ("s",), "int32")
     image_rows, is_image = g.tensor("image_rows", ("s", d)), g.tensor("is_image", ("s",))
-    k_cache, v_cache = g.tensor("k_cache", ("t", c.num_hidden_layers, kv, hd)), g.tensor("v_cache", ("t", c.num_hidden_layers, kv, hd))
+    k_cache = g.tensor("k_cache", ("t", c.num_hidden_layers, kv, hd))
+    v_cache = g.tensor("v_cache", ("t", c.num_hidden_layers, kv, hd))
     s, t = tokens.dims[0], k_cache.dims[0]
     slot = g.arange(t + s)  # slot j holds position j - 1; slot 0 is the cache's dummy
     visible = slot.ge(1.0) * slot.le(g.arange(t, t + s).unsqueeze(-1))
     cos, sin = _angles(g.tensor("inv_freq", (hd // 2,)), g.arange(t - 1, t - 1 + s).unsqueeze(-1))
 
-    def w(name, *shape):
-        return weights(g, name, shape)
-
-    def linear(x, name, n_out, n_in, bias=False):
-        return lm.linear(x, w(name + ".weight", n_out, n_in), w(name + ".bias", n_out) if bias else None)
-
-    def norm(x, name, size=d):
-        scale = w(name + ".weight", size)
-        return lm.rms_norm(x, (size,), scale + c.norm_offset if c.norm_offset else scale, c.rms_norm_eps)
-
+    w = _Params(g, weights)
     text = lm.embedding(tokens, w("model.embed_tokens.weight", c.vocab_size, d))
     if c.embedding_scale is not None:
         text = text * float(np.float32(c.embedding_scale))
     x = text * (1.0 - is_image).unsqueeze(-1) + image_rows  # image rows are zero at text positions
     for layer in range(c.num_hidden_layers):
         p = f"model.layers.{layer}."
-        h = norm(x, p + "input_layernorm")
-        q = linear(h, p + "self_attn.q_proj", heads * hd, d, c.attention_bias).reshape(s, heads, hd)
-        k = linear(h, p + "self_attn.k_proj", kv * hd, d, c.attention_bias).reshape(s, kv, hd)
-        v = linear(h, p + "self_attn.v_proj", kv * hd, d, c.attention_bias).reshape(s, kv, hd)
+        h = w.rms_norm(x, p + "input_layernorm", d, c)
+        q, k, v = (w.linear(h, p + f"self_attn.{name}_proj", n * hd, d, c.attention_bias).reshape(s, n, hd)
+                   for name, n in (("q", heads), ("k", kv), ("v", kv)))
         if c.qk_norm:
-            q, k = norm(q, p + "self_attn.q_norm", hd), norm(k, p + "self_attn.k_norm", hd)
+            q, k = w.rms_norm(q, p + "self_attn.q_norm", hd, c), w.rms_norm(k, p + "self_attn.k_norm", hd, c)
         q, k = _rope(q, cos, sin, c.rope_interleaved), _rope(k, cos, sin, c.rope_interleaved).output(f"k{layer}")
         keys, values = lm.cat([k_cache[:, layer], k], 0), lm.cat([v_cache[:, layer], v.output(f"v{layer}")], 0)
-        x = x + linear(_attention(q, keys, values, visible, c), p + "self_attn.o_proj", d, heads * hd, c.output_bias)
-        h = norm(x, p + "post_attention_layernorm")
-        gate = linear(h, p + "mlp.gate_proj", c.intermediate_size, d, c.mlp_bias)
-        up = linear(h, p + "mlp.up_proj", c.intermediate_size, d, c.mlp_bias)
-        x = x + linear(_activation(gate, c.hidden_act) * up, p + "mlp.down_proj", d, c.intermediate_size, c.mlp_bias)
-    x = norm(x, "model.norm")
-    r = parse_dim("r")
-    head = "model.embed_tokens" if c.tie_word_embeddings else "lm_head"
-    linear(x.narrow(0, s - r, r), head, c.vocab_size, d).output("logits")
+        attended = _attention(q, keys, values, visible, c)
+        x = x + w.linear(attended, p + "self_attn.o_proj", d, heads * hd, c.output_bias)
+        h = w.rms_norm(x, p + "post_attention_layernorm", d, c)
+        gate, up = (w.linear(h, p + f"mlp.{name}_proj", c.intermediate_size, d, c.mlp_bias) for name in ("gate", "up"))
+        x = x + w.linear(_activation(gate, c.hidden_act) * up, p + "mlp.down_proj", d, c.intermediate_size, c.mlp_bias)
+    x = w.rms_norm(x, "model.norm", d, c)
+    head, r = "model.embed_tokens" if c.tie_word_embeddings else "lm_head", parse_dim("r")
+    w.linear(x.narrow(0, s - r, r), head, c.vocab_size, d, False).output("logits")  # the last r positions
     return g
 
 
