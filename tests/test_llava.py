@@ -156,3 +156,26 @@ def test_vlm_command_answers_like_the_python_api(checkpoint, llava, tmp_path, ca
     assert main(["vlm", "--model", str(checkpoint[0]), "--image", str(image), "--max-new-tokens", "6", "--quiet",
                  "what is in the picture"]) == 0
     assert capsys.readouterr().out == answer + "\n"
+
+
+def test_full_strategy_and_last_layer(tmp_path):
+    """vision_feature_select_strategy "full" (the class token kept: 17 image tokens) and
+    vision_feature_layer -1 (every CLIP layer runs), against transformers."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from luminar.models.llava import load_llava
+    torch.manual_seed(1)
+    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=14, patch_size=7, initializer_factor=4.0, hidden_act="gelu")
+    text = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=2, initializer_range=0.1)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=63, image_seq_length=5,
+                         vision_feature_select_strategy="full", vision_feature_layer=-1)
+    model = LlavaForConditionalGeneration(config).eval()
+    model.save_pretrained(tmp_path)
+    pixels = np.random.default_rng(2).standard_normal((1, 3, 14, 14)).astype(np.float32)  # preprocessed
+    ids = [1, 2] + [63] * 5 + [3, 4]
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([ids]), pixel_values=torch.tensor(pixels)).logits[0].numpy()
+    llava = load_llava(tmp_path)
+    assert llava.config.image_tokens == 5 and llava.config.vision_layers_run == 2
+    np.testing.assert_allclose(llava.logits(ids, [pixels[0]]), expected, atol=1e-4, rtol=0)
