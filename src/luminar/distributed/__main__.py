@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_generate_options(parser: argparse.ArgumentParser) -> None:
     """The options of `generate`, shared with `luminar parallel`."""
-    parser.add_argument("--model", required=True, metavar="DIR", help="a Hugging Face Llama-family model directory")
+    parser.add_argument("--model", required=True, metavar="PATH",
+                        help="a Hugging Face Llama-family model directory (safetensors) or a GGUF file")
     parser.add_argument("--mode", choices=["tensor", "pipeline"], default="tensor",
                         help="tensor: every weight split over the ranks; pipeline: layers split into stages")
     what = parser.add_mutually_exclusive_group(required=True)
@@ -49,9 +50,13 @@ def generate(args, comm) -> int:
     tokenizer = None
     if args.prompt is not None:
         from ..io.tokenizer import Tokenizer
-        if not os.path.isfile(os.path.join(args.model, "tokenizer.json")):
+        if os.path.isfile(args.model):  # a GGUF file carries its tokenizer
+            from ..io.gguf import read_gguf
+            tokenizer = Tokenizer.from_gguf(read_gguf(args.model))
+        elif os.path.isfile(os.path.join(args.model, "tokenizer.json")):
+            tokenizer = Tokenizer.from_file(args.model)
+        else:
             raise InputError(f"--prompt needs {args.model}/tokenizer.json; pass token ids with --ids instead")
-        tokenizer = Tokenizer.from_file(args.model)
         text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
         ids = tokenizer.encode(text)
     else:

@@ -22,10 +22,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..errors import InputError, ShapeError
-from ..models.llama import KVCache, rope_inv_freq
+from ..models.llama import KVCache
 from .collective import CollectiveGraph
 from .comm import Communicator, _split_counts
-from .tensor_parallel import Shard, ShardReader, _check_ids, _input_name, build_layers
+from .tensor_parallel import Shard, ShardReader, _check_ids, build_layers, compile_model
 
 
 class PipelineLlama:
@@ -47,13 +47,12 @@ class PipelineLlama:
         cg = CollectiveGraph(self.comm)
         weights = {}
         x = None if self.is_first else cg.recv(("s", c.hidden_size), source=stage - 1)
-        out = build_layers(cg, Shard(c, 0, 1), reader, weights, self.layers, x=x, embed=self.is_first,
+        out = build_layers(cg, Shard(c, 0, 1), reader, weights, set(), self.layers, x=x, embed=self.is_first,
                            head=self.is_last)
         if not self.is_last:
             cg.send(out, dest=stage + 1)
         (progress or (lambda message: None))(f"stage {stage}: layers {first}..{first + counts[stage] - 1}")
-        self.program = cg.compile(backend, **compile_options)
-        self.program.set_inputs({_input_name(k): v for k, v in weights.items()}, inv_freq=rope_inv_freq(c))
+        self.program = compile_model(cg, reader, weights, backend, **compile_options)
         self.resident_weight_bytes = self.program.resident_bytes()
         self.local_config = dataclasses.replace(c, num_hidden_layers=len(self.layers), layer_types=None)
 
@@ -97,8 +96,10 @@ class PipelineLlama:
         new, logits = [], self.forward_many([token_ids], [cache])[0]
         for _ in range(max_new_tokens):
             token = int(np.argmax(logits[-1]))
+            if token in stop_ids:  # the turn ends before its stop token
+                break
             new.append(token)
-            if token in stop_ids or len(new) == max_new_tokens:
+            if len(new) == max_new_tokens:
                 break
             logits = self.forward_many([[token]], [cache])[0]
         return new

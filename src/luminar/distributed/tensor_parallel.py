@@ -1,7 +1,7 @@
 """Tensor-parallel Llama inference: each rank holds 1/N of every large weight.
 
     comm = Communicator.world()
-    model = TensorParallelLlama("model_dir", comm)     # a Hugging Face directory (safetensors)
+    model = TensorParallelLlama("model_dir", comm)     # a Hugging Face directory, or a GGUF file
     logits = model.logits(ids)                         # (seq, vocab): identical on every rank
     new_ids = model.generate_greedy(ids, 16)
 
@@ -19,8 +19,10 @@ each rank caches only its own key/value heads (llama.KVCache of the rank's local
 The graph is built here from llama.py's public pieces (LlamaConfig, rope_inv_freq, KVCache) and its
 RoPE / attention / activation helpers, on a CollectiveGraph: the collectives cut it into
 segments, each compiled normally (see collective.py). Weights are read from the memory-mapped
-checkpoint one shard at a time, so a rank never loads the rest. Supported: the Llama, Mistral
-(without sliding windows), Qwen2 and SmolLM layouts (biases, tied embeddings, GQA, rope scaling).
+checkpoint one shard at a time, so a rank never loads the rest; GGUF blocks stay quantized (a
+row block is whole rows; a column block must fall on quantization-block boundaries, e.g. 32
+columns for Q4_1). Supported: the Llama, Mistral (without sliding windows), Qwen2 and SmolLM
+layouts (biases, tied embeddings, GQA, rope scaling, GGUF's interleaved RoPE).
 Refused with UnsupportedError: sliding-window layers, q/k norms, Gemma's sandwich norms, and head
 or vocabulary counts that do not divide by the number of ranks.
 """
@@ -35,7 +37,7 @@ import luminar as lm
 
 from ..errors import ShapeError, UnsupportedError, WeightFileError
 from ..graph import parse_dim
-from ..models.llama import KVCache, LlamaConfig, rope_inv_freq
+from ..models.llama import KVCache, LlamaConfig, gguf_name, rope_inv_freq
 from ..models.llama import _activation, _angles, _attention, _rope  # the single-process model's own math
 from .collective import CollectiveGraph
 from .comm import Communicator
@@ -43,35 +45,63 @@ from .comm import Communicator
 
 # -- reading a checkpoint one shard at a time -------------------------------------------------
 class ShardReader:
-    """A Hugging Face model directory's config and memory-mapped tensors; `rows`/`columns` copy
-    out one block (only those bytes are read), as float32."""
+    """A model's config and memory-mapped tensors, from which `declare` takes one block at a time
+    (only those bytes are read): a Hugging Face directory (safetensors; copied out as float32) or
+    a GGUF file (quantized blocks stay quantized: a row block is whole rows, a column block whole
+    quantization blocks). `names` are the checkpoint's own names; `source(name)` maps a Hugging
+    Face name to one of them."""
 
-    def __init__(self, directory):
-        from ..io.safetensors import load_safetensors, read_config
-        self.directory = str(directory)
-        self.config = LlamaConfig.from_hf(read_config(directory))
-        self.tensors = load_safetensors(directory)  # memory-mapped views: nothing is read yet
+    def __init__(self, path):
+        import os
+        self.path = str(path)
+        self.rope_factors = None
+        if os.path.isdir(self.path):
+            from ..io.safetensors import load_safetensors, read_config
+            self.config = LlamaConfig.from_hf(read_config(self.path))
+            self.tensors = load_safetensors(self.path)  # memory-mapped views: nothing is read yet
+            self.gguf = False
+        else:
+            from ..io.gguf import read_gguf
+            model = read_gguf(self.path)
+            self.config = LlamaConfig.from_gguf(model.metadata, model.tensors)
+            self.tensors, self.gguf = model.tensors, True
+            self.gguf_model = model  # its tokenizer, for the command line
+            if "rope_freqs.weight" in self.tensors:  # llama 3 GGUFs: divisors of the RoPE frequencies
+                self.rope_factors = self.tensors["rope_freqs.weight"].dequantize()
 
-    def has(self, name: str) -> bool:
-        return name in self.tensors
+    @property
+    def names(self) -> set[str]:
+        return set(self.tensors)
 
-    def _get(self, name: str, shape: tuple) -> np.ndarray:
-        if name not in self.tensors:
-            raise WeightFileError(f"{self.directory}: missing tensor {name!r}")
-        array = self.tensors[name]
-        if tuple(array.shape) != tuple(shape):
-            raise WeightFileError(f"{self.directory}: tensor {name!r} has shape {tuple(array.shape)}, "
+    def source(self, name: str) -> str:
+        return gguf_name(name, self.config.sandwich_norms) if self.gguf else name
+
+    def declare(self, g, name: str, shape: tuple, block: tuple[int, int, int] | None = None):
+        """Weight `name` (Hugging Face naming) of full `shape` as a tensor of graph `g`, restricted
+        to `block` = (axis, start, stop) when given. Returns (tensor, {input name: array})."""
+        from ..io.quant import FORMATS, dense, weight
+        stored = self.source(name)
+        if stored not in self.tensors:
+            raise WeightFileError(f"{self.path}: missing tensor {stored!r}")
+        tensor = self.tensors[stored]
+        if tuple(tensor.shape) != tuple(shape):
+            raise WeightFileError(f"{self.path}: tensor {stored!r} has shape {tuple(tensor.shape)}, "
                                   f"the config expects {tuple(shape)}")
-        return array
-
-    def full(self, name: str, shape: tuple) -> np.ndarray:
-        return np.array(self._get(name, shape), np.float32)
-
-    def rows(self, name: str, shape: tuple, start: int, stop: int) -> np.ndarray:
-        return np.array(self._get(name, shape)[start:stop], np.float32)
-
-    def columns(self, name: str, shape: tuple, start: int, stop: int) -> np.ndarray:
-        return np.ascontiguousarray(self._get(name, shape)[:, start:stop], np.float32)
+        axis, start, stop = block if block is not None else (0, 0, shape[0])
+        if not self.gguf:
+            index = (slice(None),) * axis + (slice(start, stop),)
+            return dense(g, stored, np.ascontiguousarray(tensor[index], np.float32))
+        if axis == 1 and tensor.qtype in FORMATS:  # the parts are (rows, blocks, ...): cut whole blocks
+            size = FORMATS[tensor.qtype].block_size
+            if start % size or stop % size:
+                raise UnsupportedError(f"tensor parallel: {stored!r} ({tensor.qtype}) cannot be split at columns "
+                                       f"{start}..{stop}: its quantization blocks are {size} wide")
+            start, stop = start // size, stop // size
+        index = (slice(None),) * axis + (slice(start, stop),)
+        parts = {part: np.ascontiguousarray(array[index]) for part, array in tensor.parts.items()}
+        new_shape = list(shape)
+        new_shape[axis] = block[2] - block[1] if block is not None else shape[axis]
+        return weight(g, stored, type(tensor)(stored, tuple(new_shape), tensor.qtype, parts))
 
 
 # -- the split ------------------------------------------------------------------------------
@@ -115,29 +145,28 @@ def _reduce_over(cg: CollectiveGraph | None, tp_size: int):
     return reduce
 
 
-def build_layers(cg: CollectiveGraph, shard: Shard, reader: ShardReader, weights: dict, layers: Sequence[int],
-                 x=None, embed: bool = True, head: bool = True):
+def build_layers(cg: CollectiveGraph, shard: Shard, reader: ShardReader, weights: dict, used: set,
+                 layers: Sequence[int], x=None, embed: bool = True, head: bool = True):
     """Add Llama layers `layers` (and the embedding first / the norm and lm_head last) to `cg`,
     split by `shard` (a one-rank shard: no split). Weights read go into `weights` (input name ->
-    array). `x` is the hidden state to start from when embed is False. Returns the hidden state
-    (when head is False) or the logits tensor, marked as output "logits"."""
+    array) and their stored names into `used`. `x` is the hidden state to start from when embed
+    is False. Returns the hidden state (when head is False) or the logits tensor, marked as
+    output "logits"."""
     c, local = shard.config, shard.local
     d, hd = c.hidden_size, c.head_dim
     heads, kv = local.num_attention_heads, local.num_key_value_heads
     reduce = _reduce_over(cg, shard.size)
 
     def w(name, full_shape, split=None):
-        """Declare weight `name` of the checkpoint; split "rows"/"columns" takes this rank's block
-        (scaled: head-structured weights pass their block size in full_shape already)."""
-        if name not in weights:
-            if split is None:
-                weights[name] = reader.full(name, full_shape)
-            else:
-                axis = 0 if split == "rows" else 1
-                start, stop = shard.span(full_shape[axis])
-                read = reader.rows if split == "rows" else reader.columns
-                weights[name] = read(name, full_shape, start, stop)
-        return cg.tensor(_input_name(name), weights[name].shape)
+        """Weight `name` of the checkpoint; split "rows" / "columns" takes this rank's block."""
+        block = None
+        if split is not None:
+            axis = 0 if split == "rows" else 1
+            block = (axis, *shard.span(full_shape[axis]))
+        tensor, feeds = reader.declare(cg.graph, name, full_shape, block)
+        weights.update(feeds)
+        used.add(reader.source(name))
+        return tensor
 
     def norm(x, name):
         scale = w(name + ".weight", (d,))
@@ -198,9 +227,11 @@ def build_layers(cg: CollectiveGraph, shard: Shard, reader: ShardReader, weights
     return logits.output("logits")
 
 
-def _input_name(weight_name: str) -> str:
-    """A graph input name (an identifier) for a checkpoint tensor name."""
-    return "w_" + weight_name.replace(".", "_")
+def compile_model(cg: CollectiveGraph, reader: ShardReader, weights: dict, backend: str, **options):
+    """Compile `cg` and give it its weights and the RoPE frequencies: the CollectiveProgram."""
+    program = cg.compile(backend, **options)
+    program.set_inputs(weights, inv_freq=rope_inv_freq(reader.config, factors=reader.rope_factors))
+    return program
 
 
 class TensorParallelLlama:
@@ -215,16 +246,14 @@ class TensorParallelLlama:
         self.comm.agree((self.config, self.comm.size), "the model and the number of ranks")
         say = progress or (lambda message: None)
         cg = CollectiveGraph(self.comm)
-        weights = {}
-        build_layers(cg, self.shard, reader, weights, range(self.config.num_hidden_layers))
-        unused = sorted(set(reader.tensors) - set(weights) - _ignorable(reader, self.config))
+        weights, used = {}, set()
+        build_layers(cg, self.shard, reader, weights, used, range(self.config.num_hidden_layers))
+        unused = sorted(reader.names - used - _ignorable(reader))
         if unused:
             raise WeightFileError(f"{directory}: tensors this model does not use: {unused[:3]}; luminar does not "
                                   f"implement what they are for")
         say(f"rank {self.comm.rank}: {len(cg.segments)} segments, compiling for {backend}...")
-        self.program = cg.compile(backend, **compile_options)
-        self.program.set_inputs({_input_name(k): v for k, v in weights.items()},
-                                inv_freq=rope_inv_freq(self.config))
+        self.program = compile_model(cg, reader, weights, backend, **compile_options)
         self.resident_weight_bytes = self.program.resident_bytes()
 
     def new_cache(self, capacity: int = 256) -> KVCache:
@@ -251,17 +280,21 @@ class TensorParallelLlama:
         new, logits = [], self.forward(token_ids, cache)
         for _ in range(max_new_tokens):
             token = int(np.argmax(logits[-1]))
+            if token in stop_ids:  # the turn ends before its stop token
+                break
             new.append(token)
-            if token in stop_ids or len(new) == max_new_tokens:
+            if len(new) == max_new_tokens:
                 break
             logits = self.forward([token], cache)
         return new
 
 
-def _ignorable(reader: ShardReader, config: LlamaConfig) -> set[str]:
-    """Stored tensors a model legitimately does not read (as llama.Weights.from_state_dict allows)."""
-    names = {n for n in reader.tensors if n.endswith("rotary_emb.inv_freq")}
-    if config.tie_word_embeddings and "lm_head.weight" in reader.tensors:
+def _ignorable(reader: ShardReader) -> set[str]:
+    """Stored tensors a model legitimately does not read (as llama.Weights allows): a saved
+    rotary_emb.inv_freq, a tied lm_head (transformers writes it; it is the embedding), a GGUF's
+    rope_freqs (read into reader.rope_factors)."""
+    names = {n for n in reader.names if n.endswith("rotary_emb.inv_freq") or n == "rope_freqs.weight"}
+    if reader.config.tie_word_embeddings and "lm_head.weight" in reader.names:
         names.add("lm_head.weight")
     return names
 
