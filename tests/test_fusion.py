@@ -216,9 +216,9 @@ def test_fused_attention_matches_the_naive_graph(fuse, case):
 
 
 def search_schedule(program, kernel):
-    from luminar.backends.cpu import default_schedule
-    choice = program.choices.get(kernel.name)
-    return choice.schedule if choice else default_schedule(kernel)
+    from luminar.backends.cpu.schedules import default_schedule
+    per = program.choices.get(kernel.name)
+    return per[0].schedule if per else default_schedule(kernel)
 
 
 def test_fused_attention_matches_torch_sdpa_with_a_symbolic_length(fuse):
@@ -270,7 +270,7 @@ def test_slower_fusion_is_not_kept_and_explain_says_why(fuse):
 def test_a_broken_fused_kernel_fails_validation_and_is_never_kept(fuse, monkeypatch):
     """A renderer bug (here: the weights' scale off by 2x) is caught by comparing with the
     unfused kernels on the same random inputs; the program stays unfused and right."""
-    import luminar.backends.online as online_renderer
+    import luminar.backends.cpu.render as online_renderer
     real = online_renderer.render_online
     monkeypatch.setattr(online_renderer, "render_online",
                         lambda program, kernel, plan, ti, tj: real(program, kernel, dataclasses.replace(

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..symbolic import Var
-from .kernels import Apply, Const, Kernel, Reduce, depends_on, substitute, walk
+from .kernels import Apply, Const, Kernel, Reduce, depends_on, same, substitute, walk
 
 
 @dataclass(frozen=True)
@@ -61,21 +61,6 @@ def _shifted_exp(e, j: str):
                 and same(substitute(m[0].body, {m[0].var.name: Var(j, *m[0].var.bounds())}), score):
             return score, m[0], c.value
     return None
-
-
-def same(a, b) -> bool:
-    """Whether two IR expressions are equal up to the names of their reduction variables (the
-    same scores inlined twice get different names for their dot product's index)."""
-    return _renamed(a, {}) == _renamed(b, {})
-
-
-def _renamed(e, names: dict):
-    if isinstance(e, Reduce):
-        var = names.setdefault(e.var.name, Var(f"_a{len(names)}", *e.var.bounds()))
-        return Reduce(e.op, var, e.extent, _renamed(substitute(e.body, {e.var.name: var}), names))
-    if isinstance(e, Apply):
-        return Apply(e.op, tuple(_renamed(a, names) for a in e.args))
-    return e
 
 
 def online_plan(kernel: Kernel) -> OnlinePlan | None:

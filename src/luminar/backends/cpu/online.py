@@ -13,11 +13,11 @@ Both assume finite q, k, v, as PyTorch's causal kernel does (it never reads mask
 """
 from __future__ import annotations
 
-from ..compiler.kernels import (Apply, Const, Kernel, KernelProgram, Reduce, depends_on, flat_index, numel, substitute,
+from ...compiler.kernels import (Apply, Const, Kernel, KernelProgram, Reduce, depends_on, flat_index, numel, same, substitute,
                                 walk)
-from ..compiler.online import OnlinePlan, factors, same
-from ..ops import PRIMITIVES
-from ..symbolic import Var
+from ...compiler.online import OnlinePlan, factors
+from ...ops import PRIMITIVES
+from ...symbolic import Var
 
 
 def slope(e, target):
@@ -38,7 +38,8 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     """The body of the kernel's C function (see the module doc): blocks of `ti` query rows (a
     multiple of 4) x `tj` keys (a multiple of 16); micro-kernels take 4 rows at a time, then
     single rows (a decode step's one query row costs one row, not four)."""
-    from .cpu import PARALLEL_MIN_WORK, _Emitter, render_float
+    from .render import _Emitter, render_float
+    from .schedules import PARALLEL_MIN_WORK
     *batch, i, d = kernel.loop_vars
     j, k = plan.total.var.name, plan.dot.var.name
     M, N = kernel.shape[-2].render_c(), plan.total.extent.render_c()

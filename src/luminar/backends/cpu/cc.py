@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import LuminarError
+from ...compiler.target import CompilerError, cache_dir
 
 # Not -ffast-math: linked into a shared object it turns on flush-to-zero for the whole host
 # process (numpy included), and it assumes no NaN/inf. These are the parts we want: reassociation
@@ -25,22 +25,12 @@ FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
 LIBS = ["-lm"]  # mandatory: vectorized math calls resolve to libmvec
 
 
-class CompilerError(LuminarError, RuntimeError):
-    """The C compiler is missing or rejected the generated source."""
-
-
 def compiler() -> str:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc or not shutil.which(cc):
         raise CompilerError(f"no C compiler found (tried $CC={os.environ.get('CC')!r}, gcc, cc): the cpu backend "
                             f"needs one; install gcc (apt-get install gcc) or use backend='reference'")
     return cc
-
-
-def cache_dir() -> Path:
-    path = Path(os.environ.get("LUMINAR_CACHE") or Path.home() / ".cache" / "luminar")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def build(source: str) -> Path:
