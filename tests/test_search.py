@@ -69,22 +69,24 @@ ENV = {"s": 21}
 
 @functools.cache
 def candidates(name):
-    """(program, kernel, schedules): the default plus the candidates sampled for the graph's
-    largest kernel (seed 0); what the search would time."""
+    """(program, kernel, schedules, nests): the default plus the candidates sampled for the graph's
+    largest kernel (seed 0), what the search would time, and the nest each came from."""
     program = lower(optimize(GRAPHS[name]()))
     kernel = max(program.kernels, key=lambda k: value_at(work(k), ENV))
     sp, default = CPU.space(kernel, ENV), default_schedule(kernel)
     nests = search.sample(search.saturate(CPU, sp), 60, 0, CPU.viable(kernel, sp),
                           lambda nest: CPU.to_schedule(nest, kernel) is not None)
-    found = dict.fromkeys(CPU.to_schedule(n, kernel) for n in nests)
+    found = {}  # schedule -> the first nest that gave it
+    for nest in nests:
+        found.setdefault(CPU.to_schedule(nest, kernel), nest)
     schedules = [default] + [s for s in found if s != default][:14]
-    return program, kernel, schedules
+    return program, kernel, schedules, found
 
 
 @pytest.mark.parametrize("name", GRAPHS)
 def test_every_candidate_computes_what_the_plain_schedule_computes(name):
     """Rules preserve semantics: every sampled nest, rendered, matches the oracle everywhere."""
-    program, kernel, schedules = candidates(name)
+    program, kernel, schedules, _ = candidates(name)
     assert len(schedules) > 1, "the rules found no alternative"
     bench = CPU.bench(program, kernel, schedules, ENV, seed=1)
     verdicts = bench.validate()
@@ -94,10 +96,10 @@ def test_every_candidate_computes_what_the_plain_schedule_computes(name):
 def test_every_rule_is_exercised_by_the_validated_candidates():
     applied = set()
     for name in GRAPHS:
-        program, kernel, schedules = candidates(name)
+        program, kernel, schedules, nests = candidates(name)
         naive = CPU.space(kernel, ENV).naive
-        for schedule in schedules:
-            applied |= {" ".join(step.split()[:2]) for step in search.rewrites(naive, CPU.to_nest(schedule, kernel, ENV))}
+        for schedule in schedules[1:]:
+            applied |= {" ".join(step.split()[:2]) for step in search.rewrites(naive, nests[schedule])}
     verbs = {step.split()[0] for step in applied}
     lanes = any(isinstance(s, Loops) and s.lanes > 1 for name in GRAPHS for s in candidates(name)[2])  # a split reduction
     assert {"split", "interchange", "sink", "vectorize", "unroll", "parallelize"} <= verbs and lanes
@@ -117,7 +119,7 @@ def test_a_failing_candidate_is_counted_and_never_wins(monkeypatch):
             return source[:source.rindex("}")] + f"    b{kernel.out}[0] += 1.0f;\n}}"
         return source
     monkeypatch.setattr(cpu_bench, "render_kernel", render)
-    program, kernel, _ = candidates("matmul")
+    program, kernel, *_ = candidates("matmul")
     choice = search.search_kernel(CPU, program, kernel, {}, seed=0, budget_s=0.05)
     assert choice.failures == 1
     assert choice.schedule != broken[0]
@@ -126,7 +128,7 @@ def test_a_failing_candidate_is_counted_and_never_wins(monkeypatch):
 
 
 def test_same_seed_gives_the_same_candidates():
-    program, kernel, _ = candidates("batched matmul + epilogue")
+    program, kernel, *_ = candidates("batched matmul + epilogue")
     sp = CPU.space(kernel, ENV)
     draw = lambda seed: search.sample(search.saturate(CPU, sp), 40, seed, CPU.viable(kernel, sp),  # noqa: E731
                                       lambda nest: True)
@@ -234,7 +236,7 @@ def test_candidates_that_fail_to_compile_leave_the_default(monkeypatch):
 
 
 def test_cost_model_ranks_a_register_tile_above_plain_loops():
-    program, kernel, _ = candidates("matmul")
+    program, kernel, *_ = candidates("matmul")
     tiled = Tiled(ti=8, tj=32, order="Jpi", vector=True)
     assert CPU.estimate(program, kernel, tiled, {}) < CPU.estimate(program, kernel, Loops(), {})
 
@@ -262,7 +264,7 @@ def test_long_searches_report_progress(monkeypatch, capsys):
     monkeypatch.setattr(search, "PROGRESS_AFTER_S", 0.0)
     _matmul_graph().compile("cpu", search=True)
     err = capsys.readouterr().err
-    assert "[luminar] search: k0_sum_reduce at fixed dims: " in err and "[luminar] search done in" in err
+    assert "[luminar] search: k0_sum_reduce at fixed dims: " in err
 
 
 def test_fingerprint_ignores_buffer_numbers_and_offsets_but_not_shapes():
@@ -282,10 +284,9 @@ def test_invalid_tile_orders_are_rejected():
     with pytest.raises(ValueError, match="invalid tile order 'Jpij'"):
         Tiled(order="Jpij")
     assert not Tiled(order="Ipj").packs_in_order(True)  # panels packed before their column block
-    assert Tiled(order="kJpi", kc=256).packs_in_order(True) and Tiled(order="kJpi").order == "Jpi"
+    assert Tiled(order="Ipj").packs_in_order(False) and Tiled(order="Jpi").packs_in_order(True)
 
 
 def test_schedules_describe_themselves():
     assert Loops(parallel=2, lanes=16).describe() == "loops parallel=2 lanes=16"
-    assert Tiled(ti=4, tj=64, kc=256, order="Jkpi", vector=True).describe() == \
-        "tiled 4x64 mc=64 kc=256 order=Jkpi vector"
+    assert Tiled(ti=4, tj=64, order="Jpi", vector=True).describe() == "tiled 4x64 mc=64 order=Jpi vector"

@@ -253,15 +253,19 @@ def split_reductions(e):
 
     Done when a schedule renders the reduction as loops: the lowered IR keeps each reduction
     whole (one variable over its full extent), which is what tiled schedules need to pack it."""
-    if isinstance(e, Reduce):
-        return split_reduction(Reduce(e.op, e.var, e.extent, split_reductions(e.body)))
+    e = rebuild(e, split_reductions)
+    return split_reduction(e) if isinstance(e, Reduce) else e
+
+
+def rebuild(e, change):
+    """`e` with `change` applied to each of its IR children (index expressions are kept)."""
     if isinstance(e, Apply):
-        return Apply(e.op, tuple(split_reductions(a) for a in e.args))
+        return Apply(e.op, tuple(map(change, e.args)))
     if isinstance(e, Select):
-        return Select(e.cond, split_reductions(e.value))
-    if isinstance(e, Gather):
-        return Gather(e.var, split_reductions(e.index), e.extent, split_reductions(e.body))
-    return e
+        return Select(e.cond, change(e.value))
+    if isinstance(e, Reduce):
+        return Reduce(e.op, e.var, e.extent, change(e.body))
+    return Gather(e.var, change(e.index), e.extent, change(e.body)) if isinstance(e, Gather) else e
 
 
 def canonical_form(kernel: Kernel, offsets: bool = True) -> tuple[Kernel, list[int]]:

@@ -358,9 +358,6 @@ class Choice:
     naive: tuple = ()
     seconds: float = 0.0  # spent searching this kernel
 
-    def to_json(self, target: Target) -> dict:
-        return {**dataclasses.asdict(self), "schedule": target.schedule_to_json(self.schedule)}
-
     @classmethod
     def from_json(cls, target: Target, data: dict) -> Choice:
         return cls(**{**data, "schedule": target.schedule_from_json(data["schedule"]), "source": "cached",
@@ -379,7 +376,7 @@ def store_tuning(target: Target, key: str, choice) -> None:
     """Atomic: write a temporary file next to the entry, then rename it over."""
     path = tuning_path(key)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-        json.dump(choice.to_json(target), f)
+        json.dump({**dataclasses.asdict(choice), "schedule": target.schedule_to_json(choice.schedule)}, f)
     os.replace(f.name, path)
 
 
@@ -394,10 +391,8 @@ def search_kernel(target: Target, program: KernelProgram, kernel: Kernel, env: d
     nests = {}
     accept = lambda nest: target.to_schedule(nest, kernel) is not None  # noqa: E731
     for nest in sample(saturate(target, sp), SAMPLES, seed, target.viable(kernel, sp), accept):
-        schedule = target.to_schedule(nest, kernel)
-        if schedule != default:
-            nests.setdefault(schedule, nest)
-    ranked = sorted(nests, key=lambda s: target.estimate(program, kernel, s, env))
+        nests.setdefault(target.to_schedule(nest, kernel), nest)  # (the nest explain shows)
+    ranked = sorted((s for s in nests if s != default), key=lambda s: target.estimate(program, kernel, s, env))
     schedules = [default] + pick(target, ranked, TIMED - 1)
     bench = target.bench(program, kernel, schedules, env, seed)
     valid = bench.validate()
@@ -409,7 +404,7 @@ def search_kernel(target: Target, program: KernelProgram, kernel: Kernel, env: d
     candidates = sorted(([s.describe(), times.get(k), k == 0] for k, s in enumerate(schedules)),
                         key=lambda c: float("inf") if c[1] is None else c[1])
     winner = schedules[best]
-    return Choice(winner, "searched", candidates, valid.count(False), target.to_nest(winner, kernel, env), sp.naive,
+    return Choice(winner, "searched", candidates, valid.count(False), nests.get(winner, ()), sp.naive,
                   round(time.perf_counter() - started, 3))
 
 
@@ -424,55 +419,44 @@ def pick(target: Target, ranked: list, count: int) -> list:
 
 def search_program(target: Target, program: KernelProgram, opts: SearchOptions,
                    fixed: dict | None = None) -> dict[str, list[Choice]]:
-    """Per kernel name, a Choice per bucket of `opts`: structurally identical kernels share one
-    search per bucket (and buckets that differ only in dims a kernel does not read share one),
-    each looked up in the tuning cache first, and the budget bounds the whole. `fixed` maps
-    fingerprints to schedules already chosen (online-softmax kernels, by search_fusion)."""
-    started = time.perf_counter()
-    groups: dict[str, list[Kernel]] = {}
+    """Per kernel name, a Choice per bucket of `opts`: one search per kernel structure and per
+    values of the dims it reads (repeated layers, and buckets differing only in dims a kernel
+    does not read, share one), each looked up in the tuning cache first; the budget bounds the
+    whole. `fixed` maps fingerprints to schedules already chosen (online kernels, by search_fusion)."""
+    started, groups, jobs = time.perf_counter(), {}, {}
     for kernel in program.kernels:
         groups.setdefault(fingerprint(program, kernel), []).append(kernel)
-    plans = []
-    for fp, kernels in groups.items():
-        used = depends_on(kernels[0].value) | frozenset().union(*(d.vars() for d in kernels[0].shape))
-        seen = {}  # the bucket's values of the dims this kernel reads -> its index among the searches
+    for fp, kernels in groups.items():  # job (structure, its dims' values) -> a bucket with those values
         for bucket in opts.buckets:
-            seen.setdefault(tuple(sorted((d, v) for d, v in bucket.items() if d in used)), bucket)
-        plans.append((fp, kernels, used, seen))
-    todo = sum(value_at(work(k[0]), env) >= MIN_WORK for _, k, _, seen in plans for env in seen.values())
-    choices, shown = {}, False
-    for fp, kernels, used, seen in plans:
-        kernel, default = kernels[0], target.default_schedule(kernels[0])
-        decided = {}
-        for values, env in seen.items():
-            big = value_at(work(kernel), env) >= MIN_WORK
-            key = tuning_key(target, fp, dict(values), opts.seed)
-            choice = Choice(fixed[fp], "fused") if fp in (fixed or {}) else load_tuning(target, key) if big else None
-            left = opts.budget_s - (time.perf_counter() - started)
-            if choice is None and not big:
-                choice = Choice(default, "small")
-            elif choice is None and left <= 0:
-                choice = Choice(default, "budget")
-            elif choice is None:
-                try:
-                    choice = search_kernel(target, program, kernel, env, opts.seed,
-                                           min(0.6, max(0.1, left / max(todo, 1) / 3)))
-                    store_tuning(target, key, choice)
-                except CompilerError as e:  # a renderer bug must not break the compile: keep the default
-                    choice = Choice(default, f"error ({str(e).splitlines()[0][:200]})")
-            todo -= big
-            decided[values] = choice
-            elapsed = time.perf_counter() - started
-            if big and elapsed > PROGRESS_AFTER_S:
-                shown = True
-                print(f"[luminar] search: {kernel.name} at {dict(values) or 'fixed dims'}: "
-                      f"{choice.schedule.describe()}, {choice.source} ({elapsed:.1f} s)", file=sys.stderr, flush=True)
-        per_bucket = [decided[tuple(sorted((d, v) for d, v in b.items() if d in used))] for b in opts.buckets]
-        for k in kernels:
-            choices[k.name] = per_bucket
-    if shown:
-        print(f"[luminar] search done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
-    return choices
+            jobs.setdefault((fp, _reads(kernels[0], bucket)), bucket)
+    big = {job: value_at(work(groups[job[0]][0]), env) >= MIN_WORK for job, env in jobs.items()}
+    todo, decided = sum(big.values()), {}
+    for (fp, values), env in jobs.items():
+        kernel, default = groups[fp][0], target.default_schedule(groups[fp][0])
+        key = tuning_key(target, fp, dict(values), opts.seed)
+        choice = Choice(fixed[fp], "fused") if fp in (fixed or {}) else load_tuning(target, key) if big[fp, values] \
+            else Choice(default, "small")
+        left = opts.budget_s - (time.perf_counter() - started)
+        if choice is None and left <= 0:
+            choice = Choice(default, "budget")
+        elif choice is None:
+            try:
+                choice = search_kernel(target, program, kernel, env, opts.seed, min(0.6, max(0.1, left / max(todo, 1) / 3)))
+                store_tuning(target, key, choice)
+            except CompilerError as e:  # a renderer bug must not break the compile: keep the default
+                choice = Choice(default, f"error ({str(e).splitlines()[0][:200]})")
+        todo -= big[fp, values]
+        decided[fp, values] = choice
+        if big[fp, values] and time.perf_counter() - started > PROGRESS_AFTER_S:
+            print(f"[luminar] search: {kernel.name} at {dict(values) or 'fixed dims'}: {choice.schedule.describe()}, "
+                  f"{choice.source} ({time.perf_counter() - started:.1f} s)", file=sys.stderr, flush=True)
+    return {k.name: [decided[fp, _reads(k, b)] for b in opts.buckets] for fp, kernels in groups.items() for k in kernels}
+
+
+def _reads(kernel: Kernel, bucket: dict) -> tuple:
+    """The bucket's values of the dims `kernel` reads."""
+    used = depends_on(kernel.value) | frozenset().union(*(d.vars() for d in kernel.shape))
+    return tuple(sorted((d, v) for d, v in bucket.items() if d in used))
 
 
 # -- fusion: regions of the program as e-graph terms, each form measured -----------------------------
@@ -488,16 +472,11 @@ class Fusion:
     schedule: object  # the fastest valid fused schedule
     chosen: bool  # whether it beat the stored form
     forms: list = field(default_factory=list)  # the forms the e-graph's rules reached for this region
-    arena: tuple = (0, 0)  # bytes of temporaries in the shape bucket: (unfused, fused)
     source: str = "searched"  # | "cached"
-
-    def to_json(self, target: Target) -> dict:
-        return {**dataclasses.asdict(self), "schedule": target.schedule_to_json(self.schedule)}
 
     @classmethod
     def from_json(cls, target: Target, data: dict) -> Fusion:
-        return cls(**{**data, "schedule": target.schedule_from_json(data["schedule"]), "arena": tuple(data["arena"]),
-                      "source": "cached"})
+        return cls(**{**data, "schedule": target.schedule_from_json(data["schedule"]), "source": "cached"})
 
 
 def fusion_forms(facts: dict[int, set]) -> dict[int, list[str]]:
@@ -522,7 +501,6 @@ def search_fusion(target: Target, lowering, program: KernelProgram, opts: Search
     fused kernel failing validation never wins), and the chosen schedule by kernel fingerprint.
     Decisions are cached like schedules."""
     from .kernels import Lowering
-    from .memory import plan_memory
     from .online import absorbed_by, fusion_regions, online_plan
     regions = fusion_regions(lowering)
     if not regions:
@@ -541,7 +519,6 @@ def search_fusion(target: Target, lowering, program: KernelProgram, opts: Search
     forms = fusion_forms({p: {"fusable", "online_form"} if online_plan(k) is not None else {"fusable"}
                           for p, (k, _) in consumers.items()})
     chosen, fusions, decided, schedules = set(), [], {}, {}
-    arena = tuple(plan_memory(kp, opts.dims).arena_bytes for kp in (program, fused))  # (the same for every region)
     for p, region in regions:
         if p not in consumers:
             continue
@@ -552,7 +529,7 @@ def search_fusion(target: Target, lowering, program: KernelProgram, opts: Search
             decided[fp] = load_tuning(target, key, Fusion) or \
                 _time_fusion(target, program, replaced, fused, kernel, forms[p], opts, key)
         decision = decided[fp]
-        fusions.append(dataclasses.replace(decision, replaced=[k.name for k in replaced], kernel=kernel.name, arena=arena))
+        fusions.append(dataclasses.replace(decision, replaced=[k.name for k in replaced], kernel=kernel.name))
         if decision.chosen:
             chosen |= region
             schedules[fp] = decision.schedule
@@ -611,7 +588,7 @@ def explain(target: Target, program: KernelProgram, choices: dict[str, list[Choi
         verdict = f"fused into {f.kernel}" if f.chosen else "kept unfused"
         unfused = f"unfused {f.unfused_s * 1e3:.3f} ms" if f.unfused_s else "unfused (not timed: no fused form to try)"
         lines.append(f"fusion: softmax region {' + '.join(f.replaced)} (forms: {', '.join(f.forms)}): {verdict} "
-                     f"[{f.source}]; {unfused}, arena {f.arena[0] / 1e6:.1f} MB -> fused {f.arena[1] / 1e6:.1f} MB")
+                     f"[{f.source}]; {unfused}")
         for desc, seconds, status in f.candidates:
             mark = " <- chosen" if f.chosen and desc == f.schedule.describe() else ""
             lines.append(f"    {f'{seconds * 1e3:9.3f} ms' if seconds is not None else f'{status:>9}'}  {desc}{mark}")

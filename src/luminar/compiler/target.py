@@ -6,7 +6,7 @@ call only what this interface declares. A target supplies
 
 - schedules: its default schedule for a kernel, and (de)serialization for the tuning cache;
 - a schedule space for the search: facts about a kernel and guarded egglog rules over the loop
-  nest language of search.py, the map from a nest back to a schedule (and forth, for explain),
+  nest language of search.py, the map from a sampled nest to a schedule,
   a family for spreading the timed candidates, and a cost estimate for ranking them;
 - a bench: compile a batch of candidate schedules of one kernel, validate them against the
   plain loop body, time them;
@@ -14,12 +14,12 @@ call only what this interface declares. A target supplies
 - an identity: what besides the kernel a measured schedule depends on (machine, toolchain) and
   which source files are the target's code. Both are part of every tuning-cache key.
 
-Adding a target is writing one of these; no other target, and nothing under compiler/, changes.
+Adding a target is writing a subclass that implements every method; no other target, and
+nothing under compiler/, changes.
 """
 from __future__ import annotations
 
 import os
-from abc import ABC, abstractmethod
 from pathlib import Path
 
 from ..errors import LuminarError
@@ -36,86 +36,61 @@ def cache_dir() -> Path:
     return path
 
 
-class KernelBench(ABC):
-    """Candidate schedules of one kernel, built and run on random inputs for concrete dims."""
-    arrays: dict  # buffer id -> the array the candidates read (inputs) or write (the output)
-
-    @abstractmethod
-    def validate(self, expected=None) -> list[bool]:
-        """Whether each candidate computes the kernel: against its plain loop body at sampled
-        output positions, or against `expected` (the whole output) when given."""
-
-    @abstractmethod
-    def time(self, which: list[int], budget_s: float) -> dict[int, float]:
-        """Median seconds per call of the candidates in `which`, measured in interleaved rounds."""
-
-
-class Target(ABC):
+class Target:
     name: str  # what Graph.compile calls it
     package: str  # the module whose source files are the target's code (see `sources`)
 
     # -- schedules
-    @abstractmethod
     def default_schedule(self, kernel):
         """The schedule rules choose without search."""
 
-    @abstractmethod
-    def schedule_to_json(self, schedule) -> dict: ...
+    def schedule_to_json(self, schedule) -> dict:
+        """The schedule as JSON data (for the tuning cache); schedule_from_json reads it back."""
 
-    @abstractmethod
-    def schedule_from_json(self, data: dict): ...
+    def schedule_from_json(self, data: dict):
+        """The schedule schedule_to_json wrote."""
 
     # -- the schedule space
-    @abstractmethod
     def space(self, kernel, env: dict):
         """A search.Space (the naive nest and the facts guarding the rules) for the kernel at these
         dim values, or None when the kernel has nothing to search (its default stays)."""
 
-    @abstractmethod
     def rules(self, language) -> tuple[dict, list]:
         """(relations by fact name, rulesets run in stages), built over `language` (search.Language)."""
 
-    @abstractmethod
     def viable(self, kernel, space):
         """A test `(prefix, item) -> bool` pruning nests no schedule can express while sampling."""
 
-    @abstractmethod
     def to_schedule(self, nest: tuple, kernel):
         """The schedule a nest describes, or None when this target cannot run it."""
 
-    @abstractmethod
-    def to_nest(self, schedule, kernel, env: dict) -> tuple:
-        """The loop nest a schedule runs (for explain)."""
-
-    @abstractmethod
     def family(self, schedule):
         """A key grouping schedules the cost model cannot tell apart: the best of each is timed first."""
 
-    @abstractmethod
     def estimate(self, program, kernel, schedule, env: dict) -> float:
         """Seconds a call should take: only used to rank candidates before timing."""
 
-    @abstractmethod
     def fused_schedules(self, kernel, forms: list[str], env: dict) -> tuple[list, list]:
         """Schedules to time for a fused kernel whose region reached `forms` ("inlined", "online"),
         and [description, None, why] rows for forms not worth timing."""
 
     # -- measuring and building
-    @abstractmethod
-    def bench(self, program, kernel, schedules: list, env: dict, seed: int) -> KernelBench: ...
+    def bench(self, program, kernel, schedules: list, env: dict, seed: int):
+        """The schedules of one kernel built for these dims, on random inputs drawn with `seed`: an
+        object with `arrays` (buffer id -> the array read, or written by the kernel),
+        `validate(expected=None) -> list[bool]` (each schedule's output against the plain loop
+        body at sampled positions, or against `expected`, the whole output) and
+        `time(which, budget_s) -> {index: median seconds}` (interleaved rounds)."""
 
-    @abstractmethod
     def run_chain(self, program, kernels: list, arrays: dict, env: dict):
         """Run `kernels` in order with their default schedules over `arrays` (buffer id -> array,
         every buffer they touch); returns nothing, the arrays hold the results."""
 
-    @abstractmethod
     def build(self, program, schedules: dict, buckets: list[dict]):
         """The program rendered with `schedules` (kernel name -> one schedule per bucket) and made
         runnable (a loaded library for the cpu target)."""
 
     # -- identity
-    @abstractmethod
     def machine(self) -> str:
         """What a measured schedule depends on besides the kernel: device, toolchain, flags."""
 

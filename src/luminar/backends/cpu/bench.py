@@ -17,7 +17,6 @@ import time
 import numpy as np
 
 from ...compiler.kernels import loads
-from ...compiler.target import KernelBench
 from . import cc
 from .render import PRELUDE, render_kernel, render_oracle
 
@@ -27,7 +26,7 @@ RTOL = 1e-3  # a candidate's output must match the oracle's within this (relativ
 SAMPLE_S = 0.002  # a timing sample repeats the call until it lasts about this long
 
 
-class Bench(KernelBench):
+class Bench:
     """Variants of one kernel compiled together (two translation units built concurrently) and run
     on random inputs sized for concrete dims, plus the oracle: the kernel's plain loop body
     evaluated at chosen output positions (cpu.render_oracle), which any output size affords."""
@@ -41,8 +40,8 @@ class Bench(KernelBench):
         self.calls = [None] * len(schedules)
         for lib, half in zip(libs, halves):
             for k in half:
-                self.calls[k] = _c_function(lib, f"lm_variant{k}", [ctypes.c_void_p] * 2)
-        self.oracle = _c_function(libs[0], "lm_oracle", [ctypes.c_void_p] * 3 + [ctypes.c_longlong, ctypes.c_void_p])
+                self.calls[k] = cc.function(lib, f"lm_variant{k}", [ctypes.c_void_p] * 2)
+        self.oracle = cc.function(libs[0], "lm_oracle", [ctypes.c_void_p] * 3 + [ctypes.c_longlong, ctypes.c_void_p])
         self.arrays = _random_buffers(program, kernel, env, seed)
         self.pointers = (ctypes.c_void_p * len(program.buffers))()
         for b, arr in self.arrays.items():
@@ -105,12 +104,6 @@ class Bench(KernelBench):
         return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def _c_function(lib, name: str, argtypes: list):
-    fn = getattr(lib, name)
-    fn.argtypes, fn.restype = argtypes, None
-    return fn
-
-
 def _variants_source(program, kernel, schedules, which, oracle) -> str:
     return "\n\n".join([PRELUDE, oracle] + [_exported(program, kernel, f"lm_variant{k}", schedules[k]) for k in which])
 
@@ -160,4 +153,4 @@ def run_chain(program, kernels: list, arrays: dict, env: dict) -> None:
         pointers[b] = arr.ctypes.data
     dims = (ctypes.c_longlong * max(len(program.dims), 1))(*[env[d] for d in program.dims])
     for n in range(len(kernels)):
-        _c_function(lib, f"lm_chain{n}", [ctypes.c_void_p] * 2)(pointers, dims)
+        cc.function(lib, f"lm_chain{n}", [ctypes.c_void_p] * 2)(pointers, dims)

@@ -80,3 +80,10 @@ def load_many(sources: list[str]) -> list[ctypes.CDLL]:
             path.unlink(missing_ok=True)
             libraries.append(ctypes.CDLL(str(build(source))))
     return libraries
+
+
+def function(library: ctypes.CDLL, name: str, argtypes: list, restype=None):
+    """The library's C function `name`, typed for ctypes."""
+    fn = getattr(library, name)
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn

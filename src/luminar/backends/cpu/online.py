@@ -50,8 +50,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     count = [0]  # C names stay unique across the emitters of one function
 
     def emit(expr, indent, names=None, declare=""):
-        em = _Emitter(program, indent)
-        em.names.update(names or {})
+        em = _Emitter(program, indent, names=names or {})
         em.count = count[0]
         value = em.emit(expr)
         count[0] = em.count
@@ -177,8 +176,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     store = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
     out += [f"      for (int lm_ii = 0; lm_ii < lm_nr && lm_i0 + lm_ii < {M}; lm_ii++) {{", f"        const long long {i.name} = lm_i0 + lm_ii;",
             f"        for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
-    em = _Emitter(program, "          ")
-    em.names.update(names)
+    em = _Emitter(program, "          ", names=names)
     em.count = count[0]
     em.names[plan.total] = f"({em.emit(product)} * lm_acc[lm_ii][{d.name}])"
     result = em.emit(kernel.value)

@@ -17,6 +17,7 @@ from ...compiler import pipeline
 from ...compiler.memory import ALIGN, MemoryPlan, plan_memory
 from ...errors import UnsupportedError
 from ...program import Program
+from . import cc
 
 
 SWITCH_MARGIN = 0.85  # a trial thread count must take at most this fraction of the current one's time
@@ -88,15 +89,10 @@ class CPUProgram(Program):
         self.choices, self.fusions = self.compiled.choices, self.compiled.fusions
         self.source, self.library = self.compiled.built
         self.compile_seconds = self.compiled.build_seconds
-        self._run = self.library.lm_run
-        self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        self._run.restype = None
-        self._run_profiled = self.library.lm_run_profiled
-        self._run_profiled.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        self._run_profiled.restype = None
-        self.library.omp_get_max_threads.restype = ctypes.c_int
-        self.library.omp_set_num_threads.argtypes = [ctypes.c_int]
-        self.threads = ThreadChooser(self.library.omp_get_max_threads(), self.library.omp_set_num_threads)
+        self._run = cc.function(self.library, "lm_run", [ctypes.c_void_p] * 2)
+        self._run_profiled = cc.function(self.library, "lm_run_profiled", [ctypes.c_void_p] * 3)
+        self.threads = ThreadChooser(cc.function(self.library, "omp_get_max_threads", [], ctypes.c_int)(),
+                                     cc.function(self.library, "omp_set_num_threads", [ctypes.c_int]))
         self._plans: dict[tuple, MemoryPlan] = {}
         self._arena = np.empty(0, np.float32)
         self._pointers: dict[int, ctypes.Array] = {}  # id(memory plan) -> the buffers' addresses

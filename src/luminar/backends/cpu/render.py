@@ -18,7 +18,7 @@ from ...compiler.analysis import PRECOMPUTED, TilePlan, packable_rows, plan_tile
 from ...compiler.analysis import reduce_work
 from ...compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load,
                                  Reduce, Select, canonical_form, children, depends_on, flat_index, loads, numel,
-                                 split_reductions, substitute, walk)
+                                 rebuild, split_reductions, substitute, walk)
 from ...compiler.online import online_plan
 from ...ops import PRIMITIVES
 from ...symbolic import C_HELPERS, sym
@@ -79,14 +79,15 @@ def render_float(v: float) -> str:
 class _Emitter:
     """Turns an IR expression into C statements, naming each distinct subexpression once."""
 
-    def __init__(self, program: KernelProgram, indent: str, threaded_reduce: bool = False, lanes: int = 1):
+    def __init__(self, program: KernelProgram, indent: str, threaded_reduce: bool = False, lanes: int = 1,
+                 names: dict | None = None):
         self.program, self.indent = program, indent
         self.threaded_reduce = threaded_reduce  # split the first reduction across threads (scalar outputs)
         self.lanes = lanes  # partial accumulators of innermost reductions (Schedule.lanes)
         self.stash: dict = {}  # Reduce -> where each step also stores its body's value (see render_loops)
         self.next_row = None  # a row loop's Var: split reductions prefetch the next row's operands
         self.lines: list[str] = []
-        self.names: dict = {}
+        self.names: dict = dict(names or {})  # IR node -> its C name (or a Fixed), known on entry
         self.count = 0
 
     def fresh(self, prefix="v") -> str:
@@ -150,8 +151,7 @@ class _Emitter:
 
     def emit_block(self, e) -> str:
         """Emit `e` one level deeper (inside a loop or an if), reusing values already computed here."""
-        inner = _Emitter(self.program, self.indent + "    ", lanes=self.lanes)
-        inner.names, inner.count = dict(self.names), self.count
+        inner = self.child("    ")
         value = inner.emit(e)
         self.lines += inner.lines
         self.count = inner.count
@@ -208,8 +208,7 @@ class _Emitter:
         self.lines += [f"{ind}const long long {main} = ({e.extent.render_c()}) / {n} * {n};",
                        f"{ind}for (long long {r}0 = 0; {r}0 < {main}; {r}0 += {n}) {{", f"{ind}    #pragma omp simd",
                        f"{ind}    for (int l = 0; l < {n}; l++) {{", f"{ind}        const long long {r} = {r}0 + l;"]
-        inner = _Emitter(self.program, ind + "        ")
-        inner.names, inner.count = dict(self.names), self.count
+        inner = self.child("        ")
         value = inner.emit(e.body)
         self.count = inner.count
         step = f"{part}[l] = {prim.c.format(f'{part}[l]', value)};"
@@ -491,17 +490,7 @@ def _loops_with_rows(program: KernelProgram, kernel: Kernel, plan) -> list[str]:
 
 def _replace_nodes(e, mapping: dict):
     """`e` with the subtrees in `mapping` replaced."""
-    if e in mapping:
-        return mapping[e]
-    if isinstance(e, Apply):
-        return Apply(e.op, tuple(_replace_nodes(a, mapping) for a in e.args))
-    if isinstance(e, Select):
-        return Select(e.cond, _replace_nodes(e.value, mapping))
-    if isinstance(e, Reduce):
-        return Reduce(e.op, e.var, e.extent, _replace_nodes(e.body, mapping))
-    if isinstance(e, Gather):
-        return Gather(e.var, _replace_nodes(e.index, mapping), e.extent, _replace_nodes(e.body, mapping))
-    return e
+    return mapping[e] if e in mapping else rebuild(e, lambda child: _replace_nodes(child, mapping))
 
 
 def render_oracle(program: KernelProgram, kernel: Kernel) -> str:
@@ -526,29 +515,22 @@ def render_oracle(program: KernelProgram, kernel: Kernel) -> str:
 
 def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Tiled) -> list[str]:
     """Loops: batch dims, then the block loops of `s.order` (the capitals threaded, collapsed with
-    the batch dims; a leading serial "k" outside them), panels packed at "p"; inside, tiles of
-    ti rows step through the row block, each accumulating ti x tj outputs over the reduction
-    block. With reduction blocks the output holds partial results between blocks and the
-    kernel's epilogue (whatever follows the reduction) runs after the last one."""
+    the batch dims), panels packed at "p"; inside, tiles of ti rows step through the row block,
+    each accumulating ti x tj outputs over the whole reduction, then the kernel's epilogue
+    (whatever follows the reduction)."""
     red, i, j = plan.reduce, plan.i, plan.j
-    ti, tj, kc = (s.ti if i is not None else 1), s.tj, s.kc
+    ti, tj = (s.ti if i is not None else 1), s.tj
     mc = max(s.mc // ti, 1) * ti
     rows_n, cols_n, k_n = (kernel.shape[-2] if i is not None else sym(1)), kernel.shape[-1], red.extent
     r, K, M, N = red.var.name, red.extent.render_c(), rows_n.render_c(), cols_n.render_c()
     prim = PRIMITIVES[red.op]
     batch = list(zip(kernel.loop_vars[:-2 if i is not None else -1], kernel.shape))
-    span = str(kc) if kc else K  # reduction steps per block: the panel buffer's length
-    k_lo, k_hi = ("k0", f"(k0 + {kc} < {K} ? k0 + {kc} : {K})") if kc else ("0", K)
     vec = vector_body(plan) if s.vector and tj % 16 == 0 else None
     npan = len(plan.panels)
-    outside = s.blocks[:1] if s.order[:1] == "k" else []  # a leading serial reduction block loop
-    body = s.blocks[len(outside):]
-    threaded = [b for b in body if b.threaded]  # (a prefix: Tiled checks)
+    threaded = [b for b in s.blocks if b.threaded]  # (a prefix: Tiled checks)
     if not s.packs_in_order(bool(plan.panels)):
-        raise ValueError(f"tile order {s.order!r}: the panels must be packed once, after the j and k blocks")
-    header = {"j": f"for (long long j0 = 0; j0 < {N}; j0 += {tj})",
-              "i": f"for (long long ic = 0; ic < {M}; ic += {mc})",
-              "k": f"for (long long k0 = 0; k0 < {K}; k0 += {kc})"}
+        raise ValueError(f"tile order {s.order!r}: the panels must be packed once, after the column blocks")
+    header = {"j": f"for (long long j0 = 0; j0 < {N}; j0 += {tj})", "i": f"for (long long ic = 0; ic < {M}; ic += {mc})"}
 
     def clamp(var, base, offset, extent, tile):
         if extent.is_const and extent.value % tile == 0:
@@ -568,32 +550,29 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Tile
     when = f"({work.render_c()}) >= {PARALLEL_MIN_WORK}" if threads else "0"
     out += [f"    #pragma omp parallel if({when})", "    {"]
     if npan:  # 64-byte aligned: the vector micro-kernel loads whole rows of the panel
-        out.append(f"    float *restrict pan = (float *)aligned_alloc(64, (sizeof(float) * (size_t)({span}) * "
+        out.append(f"    float *restrict pan = (float *)aligned_alloc(64, (sizeof(float) * (size_t)({K}) * "
                    f"{tj * npan} + 63) / 64 * 64);")
     depth = 0
-    for _ in outside:
-        out.append("    " + header["k"] + " {")
-        depth += 1
     if threads:
         out.append(f"    #pragma omp for collapse({threads}) schedule(static)")
     for var, extent in batch:
         out.append(f"    for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
-    for block in body:
+    for block in s.blocks:
         if block.loop == "p":
             if npan:
-                out += _pack(program, plan, r, k_lo, k_hi, span, tj, clamp(j, "j0", "jj", cols_n, tj), panel_names)
+                out += _pack(program, plan, r, K, tj, clamp(j, "j0", "jj", cols_n, tj), panel_names)
             continue
         out.append("    " + header[block.loop] + " {")
         depth += 1
     out.append(f"      for (long long i0 = ic; i0 < ic + {mc} && i0 < {M}; i0 += {ti}) {{")
-    pan_at = {node: f"pan[({p} * {span} + {r} - {k_lo}) * {tj} + jj]" for p, node in enumerate(plan.panels)}
+    pan_at = {node: f"pan[({p} * {K} + {r}) * {tj} + jj]" for p, node in enumerate(plan.panels)}
     row_clamp = clamp(i, "i0", "ii", rows_n, ti) if i is not None else ""
     if vec:
-        out += _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row_names)
+        out += _vector_tile(program, plan, vec, ti, tj, r, K, row_clamp, row_names)
     else:
-        out += _generic_tile(program, plan, prim, ti, tj, r, k_lo, k_hi, pan_at, row_clamp,
+        out += _generic_tile(program, plan, prim, ti, tj, r, K, pan_at, row_clamp,
                              clamp(j, "j0", "jj", cols_n, tj), row_names)
-    out += _store_tile(program, kernel, plan, prim, ti, tj, kc, K)
+    out += _store_tile(program, kernel, plan, ti, tj)
     out.append("      }")
     out += ["    }"] * depth
     if npan:
@@ -634,16 +613,15 @@ def _precompute(program, nodes, batch, var, extent, red, name) -> tuple[list[str
     return out + em.lines + ["      }"], {node: at(q) for q, node in enumerate(nodes)}
 
 
-def _pack(program, plan, r, k_lo, k_hi, span, tj, j_clamp, panel_names) -> list[str]:
+def _pack(program, plan, r, K, tj, j_clamp, panel_names) -> list[str]:
     """Copy (compute) the panel operands of this column block, reduction block into `pan`
     (copy from `panel_names`' buffer where they were computed before the tiles)."""
-    out = [f"      for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++)", "        #pragma omp simd",
+    out = [f"      for (long long {r} = 0; {r} < {K}; {r}++)", "        #pragma omp simd",
            f"        for (long long jj = 0; jj < {tj}; jj++) {{", f"          {j_clamp}"]
-    em = _Emitter(program, "          ")
-    em.names.update(panel_names)
+    em = _Emitter(program, "          ", names=panel_names)
     for p, node in enumerate(plan.panels):
         value = em.emit(node)
-        em.lines.append(f"          pan[({p} * {span} + {r} - {k_lo}) * {tj} + jj] = {value};")
+        em.lines.append(f"          pan[({p} * {K} + {r}) * {tj} + jj] = {value};")
     return out + em.lines + ["        }"]
 
 
@@ -655,27 +633,25 @@ def _rows(program, plan, ti, row_clamp, indent, row_names) -> tuple[list[str], d
            f"{indent}#pragma GCC unroll {ti}", f"{indent}for (int ii = 0; ii < {ti}; ii++) {{"]
     if row_clamp:
         out.append(f"{indent}  {row_clamp}")
-    em = _Emitter(program, indent + "  ")
-    em.names.update(row_names)
+    em = _Emitter(program, indent + "  ", names=row_names)
     for q, node in enumerate(plan.rows):
         em.lines.append(f"{indent}  row{q}[ii] = {em.emit(node)};")
     return out + em.lines + [f"{indent}}}"], {node: f"row{q}[ii]" for q, node in enumerate(plan.rows)}
 
 
-def _generic_tile(program, plan, prim, ti, tj, r, k_lo, k_hi, pan_at, row_clamp, col_clamp, row_names) -> list[str]:
+def _generic_tile(program, plan, prim, ti, tj, r, K, pan_at, row_clamp, col_clamp, row_names) -> list[str]:
     """The micro-kernel for any body: arrays of accumulators, `omp simd` over the tile's columns."""
     red, i, j = plan.reduce, plan.i, plan.j
     out = [f"        float acc[{ti}][{tj}];",
            f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) "
            f"acc[ii][jj] = {render_float(prim.identity)};",
-           f"        for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++) {{"]
+           f"        for (long long {r} = 0; {r} < {K}; {r}++) {{"]
     row_lines, names = _rows(program, plan, ti, row_clamp, "          ", row_names)
     out += row_lines
     names.update(pan_at)
     out += [f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{",
             "            #pragma omp simd", f"            for (int jj = 0; jj < {tj}; jj++) {{"]
-    em = _Emitter(program, "              ")
-    em.names.update(names)
+    em = _Emitter(program, "              ", names=names)
     inner_deps = _deps_outside(red.body, names)
     if i is not None and i.name in inner_deps:
         em.lines.append(f"              {row_clamp}")
@@ -686,7 +662,7 @@ def _generic_tile(program, plan, prim, ti, tj, r, k_lo, k_hi, pan_at, row_clamp,
                              "            }", "          }", "        }", "        float (*tile)[%d] = acc;" % tj]
 
 
-def _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row_names) -> list[str]:
+def _vector_tile(program, plan, vec, ti, tj, r, K, row_clamp, row_names) -> list[str]:
     """The micro-kernel for row x panel products: ti x tj/16 vector accumulators that stay in
     registers, each step one broadcast row value times tj/16 panel vectors (fused multiply-adds)."""
     row, _ = vec
@@ -695,13 +671,12 @@ def _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row
            f"        lm_v16 acc[{ti}][{nv}];",
            f"        #pragma GCC unroll {ti * nv}",
            f"        for (int q = 0; q < {ti * nv}; q++) acc[q / {nv}][q % {nv}] = (lm_v16){{0}};",
-           f"        for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++) {{",
-           f"          const lm_v16 *restrict pv = (const lm_v16 *)&pan[({r} - {k_lo}) * {tj}];",
+           f"        for (long long {r} = 0; {r} < {K}; {r}++) {{",
+           f"          const lm_v16 *restrict pv = (const lm_v16 *)&pan[{r} * {tj}];",
            f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{"]
     if row_clamp:
         out.append(f"            {row_clamp}")
-    em = _Emitter(program, "            ")
-    em.names.update(row_names)
+    em = _Emitter(program, "            ", names=row_names)
     a = em.emit(row)
     out += em.lines + [f"            #pragma GCC unroll {nv}",
                        f"            for (int v = 0; v < {nv}; v++) acc[ii][v] += {a} * pv[v];", "          }",
@@ -709,9 +684,8 @@ def _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row
     return out
 
 
-def _store_tile(program, kernel, plan, prim, ti, tj, kc, K) -> list[str]:
-    """Write the tile's in-bounds outputs: the epilogue applied to the total after the last
-    reduction block, the running partial (kept in the output) after the others."""
+def _store_tile(program, kernel, plan, ti, tj) -> list[str]:
+    """Write the tile's in-bounds outputs: the epilogue applied to each total."""
     i, j = plan.i, plan.j
     rows_n, cols_n = (kernel.shape[-2] if i is not None else sym(1)), kernel.shape[-1]
     out = [f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) {{"]
@@ -723,15 +697,10 @@ def _store_tile(program, kernel, plan, prim, ti, tj, kc, K) -> list[str]:
     bounds.append(f"{j.name} < {cols_n.render_c()}")
     out.append(f"          if ({' && '.join(bounds)}) {{")
     target = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
-    total = "tile[ii][jj]"
     em = _Emitter(program, "            ")
-    if kc:
-        out.append(f"            const float total = k0 == 0 ? {total} : {prim.c.format(target, total)};")
-        out.append(f"            if (k0 + {kc} < {K}) {target} = total; else {{")
-        total = "total"
-    em.names[plan.reduce] = total
+    em.names[plan.reduce] = "tile[ii][jj]"
     value = em.emit(kernel.value)
-    out += em.lines + [f"            {target} = {value};"] + (["            }"] if kc else [])
+    out += em.lines + [f"            {target} = {value};"]
     return out + ["          }", "        }"]
 
 

@@ -58,7 +58,7 @@ class Online:
 
 class Block(NamedTuple):
     """One block loop of a tiled schedule (outer to inner)."""
-    loop: str  # "j" column blocks, "i" row blocks, "k" reduction blocks, "p" where the panels are packed
+    loop: str  # "j" column blocks, "i" row blocks, "p" where the panels are packed
     threaded: bool  # runs across threads (collapsed with the batch dims)
 
 
@@ -68,9 +68,9 @@ class Tiled:
     tj columns with the reduction loop outside the tile, panel operands (what depends on the
     column and the reduction, not the row) copied into a contiguous local buffer.
 
-    mc        rows per row block; kc reduction steps per reduction block (0 = unblocked)
+    mc        rows per row block
     order     the block loops outer to inner, one letter each (see Block; capitals are threaded),
-              e.g. "JIp", "Jpi" (the defaults), "kJpi": parsed once into `blocks`
+              e.g. "JIp", "Jpi" (the defaults): parsed once into `blocks`
     vector    the micro-kernel uses GCC vector types (needs tj % 16 == 0 and a body that is one
               row value times one panel value)
     min_rows  fewer rows than this at run time (a symbolic dim) run the plain loops instead
@@ -83,24 +83,17 @@ class Tiled:
     ti: int = TILE_ROWS
     tj: int = TILE_COLS
     mc: int = ROW_CHUNK
-    kc: int = 0
     order: str = "JIp"
     vector: bool = False
     min_rows: int = 0
     pack_rows: bool = False
 
     def __post_init__(self):
-        """Drop a reduction-block letter when the reduction is not blocked; refuse a malformed order:
-        each of i, j (and k when blocked) once, at most one p, the threaded loops first (after
-        a serial leading k)."""
-        order = self.order if self.kc else self.order.replace("k", "").replace("K", "")
-        object.__setattr__(self, "order", order)
-        body = order[1:] if order[:1] == "k" else order
-        letters = order.lower().replace("p", "", 1)
-        if sorted(letters) != sorted("ij" + "k" * bool(self.kc)) or "P" in order or \
-                any(c.isupper() for c in body.lstrip("JIK")):
-            raise ValueError(f"invalid tile order {self.order!r}: want each of i, j{', k' if self.kc else ''} once, "
-                             f"at most one p, the threaded (capital) loops first (after a serial leading k)")
+        """Refuse a malformed order: i and j once each, at most one p, the threaded loops first."""
+        if sorted(self.order.lower().replace("p", "", 1)) != ["i", "j"] or "P" in self.order or \
+                any(c.isupper() for c in self.order.lstrip("JI")):
+            raise ValueError(f"invalid tile order {self.order!r}: want i and j once each, at most one p, "
+                             f"the threaded (capital) loops first")
 
     @property
     def blocks(self) -> list[Block]:
@@ -108,14 +101,13 @@ class Tiled:
 
     def packs_in_order(self, packs: bool) -> bool:
         """Whether the order suits a kernel with (`packs`) or without panel operands: with them the
-        pack comes once, after the column and reduction blocks it depends on."""
+        pack comes once, after the column block it depends on."""
         loops = [b.loop for b in self.blocks]
-        return not packs or "p" in loops and all(loops.index(c) < loops.index("p") for c in "jk" if c in loops)
+        return not packs or "p" in loops and loops.index("j") < loops.index("p")
 
     def describe(self) -> str:
-        kblock = f" kc={self.kc}" if self.kc else ""
         rows = f" (loops below {self.min_rows} rows)" if self.min_rows else ""
-        return (f"tiled {self.ti}x{self.tj} mc={self.mc}{kblock} order={self.order}"
+        return (f"tiled {self.ti}x{self.tj} mc={self.mc} order={self.order}"
                 f"{' vector' if self.vector else ''}{' rows packed' if self.pack_rows else ''}{rows}")
 
 

@@ -14,8 +14,7 @@ tiled, whether operands can be packed) guard small local rewrite rules, run in s
 
 A split reduction is a split of ``r``: left innermost and vectorized, partial accumulators
 (lanes); hoisted above the tile, reduction blocks. `to_schedule` maps a sampled nest back to a
-Loops or Tiled schedule (or None: no renderer implements it), `to_nest` the other way, and
-`estimate` is the roofline cost model that ranks candidates before timing.
+Loops or Tiled schedule (or None: no renderer implements it), and `estimate` is the roofline cost model that ranks candidates before timing.
 """
 from __future__ import annotations
 
@@ -24,7 +23,7 @@ import dataclasses
 from ...compiler.analysis import packable_rows, plan_tiles, single_reduce, stride, value_at, vector_body, work
 from ...compiler.kernels import Apply, Gather, Kernel, KernelProgram, Reduce, loads, numel, walk
 from ...compiler.search import PACK, PACK_ROWS, Loop, Space
-from .schedules import PARALLEL_MIN_WORK, Loops, Tiled
+from .schedules import PARALLEL_MIN_WORK, Loops, Tiled, default_schedule
 
 
 def space(kernel: Kernel, env: dict) -> Space:
@@ -49,7 +48,6 @@ def space(kernel: Kernel, env: dict) -> Space:
         j, m_n, n_n = names[-1], (extents[-2] if plan.i is not None else 1), extents[-1]
         facts += [("tileable", j), ("register", j), ("unit", j), ("tileable", "r")]
         facts += [("factor", j, f) for f in [f for f in (16, 32, 48, 64) if f <= n_n] or [n_n]]
-        facts += [("factor", "r", f) for f in (256,) if f < k_n]  # a reduction block whose 32-column panel fits L1
         if plan.i is not None:
             i = names[-2]
             facts += [("tileable", i), ("register", i)]
@@ -63,12 +61,13 @@ def space(kernel: Kernel, env: dict) -> Space:
     return Space(tuple(nest), list(dict.fromkeys(facts)))
 
 
-def viable(kernel: Kernel, tileable: set, packs: bool):
+def viable(kernel: Kernel, sp: Space):
     """The prefix test for `sample`: the shapes to_schedule accepts, checked as a nest grows.
     Untileable (batch) loops come first in order; a pack appears at most once; each dim is split
     at most twice, never twice by the same step; once the point loops of the tile have begun,
     the only block that may follow is a reduction split into lanes after all output loops."""
-    names = [v.name for v in kernel.loop_vars]
+    names, packs = [v.name for v in kernel.loop_vars], ("packable",) in sp.facts
+    tileable = {fact[1] for fact in sp.facts if fact[0] == "tileable"}
     batch = [n for n in names if n not in tileable]
     orders = ([n for n in names if n in tileable] + ["r"], ["r"] + [n for n in names[-2:] if n in tileable])
     limit = {names[-1]: 64, **({names[-2]: 16} if len(names) > 1 else {})}  # register tile sizes
@@ -83,8 +82,8 @@ def viable(kernel: Kernel, tileable: set, packs: bool):
             return not packed and names[-1] in blocks and len(set(blocks)) == len(blocks)
         dim, span, step, kind = item
         if step > 1 and (dim in blocks and kind != "s" or len(set(blocks)) < len(blocks)
-                         or packed and dim in (names[-1], "r")):
-            return False  # the row-tile loop is serial and comes last of the blocks; pack after j, k
+                         or packed and dim in (names[-1], "r") or ("r" in blocks) != (dim == "r") and blocks):
+            return False  # the row-tile loop is serial and last of the blocks; pack after j; no r blocks in tiles
         if kind == "par" and (packed or any(it.kind != "par" and it.dim != "r" for it in loops)
                               or step == 1 and any(it.step > 1 for it in loops)):
             return False  # threads split a prefix of the loops, never the tile inside blocks
@@ -109,9 +108,9 @@ def viable(kernel: Kernel, tileable: set, packs: bool):
     return test
 
 
-def to_schedule(nest: tuple, kernel: Kernel, plan, default) -> Loops | Tiled | None:
+def to_schedule(nest: tuple, kernel: Kernel) -> Loops | Tiled | None:
     """The schedule a nest describes, or None when no renderer implements it."""
-    names = [v.name for v in kernel.loop_vars]
+    names, plan, default = [v.name for v in kernel.loop_vars], plan_tiles(kernel), default_schedule(kernel)
     if nest and nest[0] == PACK_ROWS:
         tiled = _tiled_schedule(nest[1:], kernel, plan, default) if plan is not None else None
         return dataclasses.replace(tiled, pack_rows=True) if tiled is not None else None
@@ -131,8 +130,8 @@ def to_schedule(nest: tuple, kernel: Kernel, plan, default) -> Loops | Tiled | N
 
 
 def _tiled_schedule(nest, kernel, plan, default):
-    """Tiled nests: batch loops, block loops (columns j/tj, rows i/mc, reduction r/kc) and a pack
-    in some order, an optional row-tile loop i/ti, then r, i, j point loops (the register tile)."""
+    """Tiled nests: batch loops, block loops (columns j/tj, rows i/mc) and a pack in some order,
+    an optional row-tile loop i/ti, then r, i, j point loops (the register tile)."""
     names = [v.name for v in kernel.loop_vars]
     i = names[-2] if plan.i is not None else None
     j, batch = names[-1], names[:len(names) - (2 if i else 1)]
@@ -143,12 +142,12 @@ def _tiled_schedule(nest, kernel, plan, default):
     tail, rest = rest[-len(point):], rest[:-len(point)]
     if len(tail) < len(point) or any(not isinstance(it, Loop) or it.dim != d or it.step != 1 for it, d in zip(tail, point)):
         return None
-    kspan, tj, ti = tail[0].span, tail[-1].span, (tail[1].span if i is not None else 1)
+    tj, ti = tail[-1].span, (tail[1].span if i is not None else 1)
     mc = ti
     if i is not None and rest and isinstance(rest[-1], Loop) and rest[-1].dim == i and rest[-1].step == ti \
             and sum(isinstance(it, Loop) and it.dim == i for it in rest) == 2:
         mc = rest.pop().span
-    letters, steps, order = {j: "j", i: "i", "r": "k"}, {"j": tj, "i": mc, "k": kspan}, ""
+    letters, steps, order = {j: "j", i: "i"}, {"j": tj, "i": mc}, ""
     for it in rest:
         if it == PACK:
             order += "p"
@@ -158,44 +157,15 @@ def _tiled_schedule(nest, kernel, plan, default):
             return None
         order += letter.upper() if it.kind == "par" else letter
     order += "" if i is not None else "i"  # one row: the renderer's row loop runs once
-    kc = kspan if "k" in order.lower() else 0
     vector = tail[-1].kind == "vec" and tj % 16 == 0 and vector_body(plan) is not None
-    if ti > 16 or tj > 64 or vector and ti * tj // 16 > 28 or kc and kc < 64:
+    if ti > 16 or tj > 64 or vector and ti * tj // 16 > 28:
         return None
     try:
-        tiled = Tiled(ti=ti, tj=tj, mc=mc, kc=kc, order=order, vector=vector,
+        tiled = Tiled(ti=ti, tj=tj, mc=mc, order=order, vector=vector,
                       min_rows=default.min_rows if isinstance(default, Tiled) else 0)
     except ValueError:
         return None
     return tiled if tiled.packs_in_order(bool(plan.panels)) else None
-
-
-def to_nest(schedule, kernel: Kernel, env: dict) -> tuple:
-    """The loop nest a schedule runs (the inverse of to_schedule), for `explain`."""
-    names = [v.name for v in kernel.loop_vars]
-    extents = [value_at(x, env) for x in kernel.shape]
-    red = single_reduce(kernel)
-    k_n = value_at(red.extent, env) if red is not None else 0
-    if isinstance(schedule, Loops):
-        nest = [Loop(n, x, 1, "par" if d < schedule.parallel else "s") for d, (n, x) in enumerate(zip(names, extents))]
-        if schedule.simd and nest:
-            nest[-1] = nest[-1]._replace(kind="vec")
-        if red is not None and schedule.lanes > 1:
-            return tuple(nest) + (Loop("r", k_n, schedule.lanes, "s"), Loop("r", schedule.lanes, 1, "vec"))
-        return tuple(nest) + ((Loop("r", k_n, 1, "s"),) if red is not None else ())
-    s, two = schedule, len(kernel.shape) > 1
-    batch = names[:-2] if two else names[:-1]
-    m_n = extents[-2] if two else 1
-    i, j = (names[-2] if two else "i"), names[-1]
-    nest = [PACK_ROWS] * s.pack_rows + [Loop(n, x, 1, "par") for n, x in zip(batch, extents)]
-    block = {"j": (j, extents[-1], s.tj), "i": (i, m_n, s.mc), "k": ("r", k_n, s.kc)}
-    for b in s.blocks:
-        nest.append(PACK if b.loop == "p" else Loop(*block[b.loop], "par" if b.threaded else "s"))
-    if s.mc != s.ti:
-        nest.append(Loop(i, s.mc, s.ti, "s"))
-    nest += [Loop("r", s.kc or k_n, 1, "s"), Loop(i, s.ti, 1, "unroll" if s.vector else "s"),
-             Loop(j, s.tj, 1, "vec" if s.vector else "s")]
-    return tuple(nest if two else [it for it in nest if not isinstance(it, Loop) or it.dim != "i"])
 
 
 VECTOR_OPS, SCALAR_OPS = 100e9, 6e9  # per core: arithmetic per second (an FMA is 2), vectorized or not
@@ -208,7 +178,7 @@ def _bandwidth(working_set: float) -> float:
     return BANDWIDTH[sum(working_set > size for size in (L1, L2, L3))]
 
 
-def estimate(program: KernelProgram, kernel: Kernel, schedule: Loops | Tiled, plan, env: dict, threads: int) -> float:
+def estimate(program: KernelProgram, kernel: Kernel, schedule: Loops | Tiled, env: dict, threads: int) -> float:
     """Seconds one call should take: the slower of its arithmetic (vectorized or not, threads)
     and its memory traffic (reuse from the tile shape and the loop order), plus packing work.
     Only used to rank candidates before timing, so it needs the order right, not the numbers."""
@@ -225,26 +195,25 @@ def estimate(program: KernelProgram, kernel: Kernel, schedule: Loops | Tiled, pl
         rate = VECTOR_OPS * (1.0 if red is None or schedule.lanes >= 32 else 0.5) if in_order else SCALAR_OPS
         traffic = out * k_n * 4 * (not in_order) + out * 4 + read
         return max(out * k_n * ops / rate, traffic / BANDWIDTH[3]) / used
-    s = schedule
+    s, plan = schedule, plan_tiles(kernel)
     rows = value_at(kernel.shape[-2], env) if plan.i is not None else 1
     cols, batch = value_at(kernel.shape[-1], env), out // max(rows * value_at(kernel.shape[-1], env), 1)
     rows_t, cols_t, col_blocks = -(-rows // s.ti) * s.ti, -(-cols // s.tj) * s.tj, -(-cols // s.tj)
-    kspan, order = s.kc or k_n, [b.loop for b in s.blocks]
+    order = [b.loop for b in s.blocks]
     threaded = {b.loop for b in s.blocks if b.threaded}
     steps = batch * rows_t * cols_t * k_n  # inner-loop updates
     efficiency = min(1.0, s.ti * s.tj / 16 / 12) * (1.0 if s.vector else 0.7)  # FMA latency wants ~12 chains
     compute = steps * ops / (VECTOR_OPS * efficiency)
-    panel = steps * 4 / s.ti / _bandwidth(kspan * s.tj * 4 * max(len(plan.panels), 1))  # each tile streams its panel
+    panel = steps * 4 / s.ti / _bandwidth(k_n * s.tj * 4 * max(len(plan.panels), 1))  # each tile streams its panel
     row_reads = col_blocks if order.index("j") < order.index("i") else 1  # row operands re-read per column block
-    rows_in = batch * rows * k_n * 4 * row_reads / _bandwidth(rows * k_n * 4 if row_reads > 1 else s.mc * kspan * 4)
-    partials = 2 * out * 4 * (k_n // s.kc) / BANDWIDTH[3] if s.kc else 0.0  # outputs kept between blocks
+    rows_in = batch * rows * k_n * 4 * row_reads / _bandwidth(rows * k_n * 4 if row_reads > 1 else s.mc * k_n * 4)
     ops_of = lambda nodes: 1 + sum(isinstance(n, Apply) for e in nodes for n in walk(e))  # noqa: E731
     rows_work = batch * rows_t * k_n * ops_of(plan.rows) * (1 if s.pack_rows else col_blocks) / (SCALAR_OPS * 2)
     repacks = -(-rows // s.mc) if "p" in order and order.index("i") < order.index("p") else 1
     pack = batch * cols_t * k_n * ops_of(plan.panels) * repacks / (SCALAR_OPS * 2)
     parallel = batch * (col_blocks if "j" in threaded else 1) * (-(-rows // s.mc) if "i" in threaded else 1)
     used = min(threads, parallel) * parallel / (-(-parallel // threads) * threads)  # with imbalance
-    return (max(compute, panel, rows_in) + partials + rows_work + pack) / max(used, 1)
+    return (max(compute, panel, rows_in) + rows_work + pack) / max(used, 1)
 
 
 def rules(language):
