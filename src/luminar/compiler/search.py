@@ -45,6 +45,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 import sys
 import tempfile
@@ -113,6 +114,13 @@ def options(search=None, search_dims=None, seed=0, dims=()) -> SearchOptions | N
         values[name] = sorted({int(v) for v in given})
     buckets = tuple(dict(zip(values, combo)) for combo in itertools.product(*values.values()))
     return None if budget is None else SearchOptions(budget, buckets, int(seed))
+
+
+def nearest_bucket(opts: SearchOptions | None, env: dict) -> int:
+    """The index of the bucket nearest these dim values: the smallest sum of |log2(dim / bucket
+    value)| (the first of equals; 0 without search)."""
+    distance = lambda k: sum(abs(math.log2(env[d] / v)) for d, v in opts.buckets[k].items())  # noqa: E731
+    return min(range(len(opts.buckets)), key=distance) if opts and len(opts.buckets) > 1 else 0
 
 
 def fingerprint(program: KernelProgram, kernel: Kernel) -> str:

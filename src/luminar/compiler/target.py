@@ -86,9 +86,10 @@ class Target:
         """Run `kernels` in order with their default schedules over `arrays` (buffer id -> array,
         every buffer they touch); returns nothing, the arrays hold the results."""
 
-    def build(self, program, schedules: dict, buckets: list[dict]):
-        """The program rendered with `schedules` (kernel name -> one schedule per bucket) and made
-        runnable (a loaded library for the cpu target)."""
+    def build(self, program, schedules: dict):
+        """The program rendered with `schedules` (kernel name -> one schedule per shape bucket; a
+        call runs the bucket's that search.nearest_bucket picks for its dims) and made runnable
+        (a loaded library for the cpu target)."""
 
     # -- identity
     def machine(self) -> str:

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from ...compiler import pipeline
+from ...compiler.search import nearest_bucket
 from ...compiler.memory import ALIGN, MemoryPlan, plan_memory
 from ...errors import UnsupportedError
 from ...program import Program
@@ -153,7 +154,7 @@ class CPUProgram(Program):
             reuse = last is not None and last.shape == shape and sys.getrefcount(last) == 3
             results[name] = self._outputs[name] = last if reuse else np.empty(shape, np.float32)
             pointers[buf] = results[name].ctypes.data
-        dims = (ctypes.c_longlong * max(len(kp.dims), 1))(*[env[d] for d in kp.dims])
+        dims = (ctypes.c_longlong * (len(kp.dims) + 1))(*[env[d] for d in kp.dims], nearest_bucket(self.search, env))
         if self.debug >= 1:
             self._profile(pointers, dims)
         else:

@@ -408,13 +408,8 @@ def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
 def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | None = None) -> str:
     """One C function computing `kernel` over its whole output, as `schedule` says (default: the rules')."""
     schedule = schedule or default_schedule(kernel)
-    used = sorted({load.buffer for load in loads(kernel.value)} | {kernel.out})
     lines = [f"static void {kernel.name}(void **restrict bufs, const long long *restrict dims) {{"]
-    lines += [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
-    for b in used:
-        ctype = C_TYPES[program.buffers[b].dtype]
-        const = "" if b == kernel.out else "const "
-        lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
+    lines += _arguments(program, kernel, kernel.out)
     plan = plan_tiles(kernel) if isinstance(schedule, Tiled) else None
     if isinstance(schedule, Online):
         lines += render_online(program, kernel, online_plan(kernel), schedule.rows, schedule.keys)
@@ -428,6 +423,16 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
     else:
         lines += render_tiled(program, kernel, plan, schedule)
     return "\n".join(lines + ["}"])
+
+
+def _arguments(program: KernelProgram, kernel: Kernel, out: int | None) -> list[str]:
+    """C declarations of the dims and of the buffers the kernel reads (and writes: `out`), taken
+    from a kernel function's arguments."""
+    lines = [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
+    for b in sorted({load.buffer for load in loads(kernel.value)} | ({out} - {None})):
+        ctype, const = C_TYPES[program.buffers[b].dtype], "" if b == out else "const "
+        lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
+    return lines
 
 
 def render_loops(program: KernelProgram, kernel: Kernel, schedule: Loops) -> list[str]:
@@ -497,11 +502,8 @@ def render_oracle(program: KernelProgram, kernel: Kernel) -> str:
     """`lm_oracle(bufs, dims, which, count, out)`: the kernel's value at `count` flat output
     positions `which`, each computed on its own by the plain loop body (no tiling, no threads) --
     the semantics search candidates are checked against, affordable for any output size."""
-    used = sorted({load.buffer for load in loads(kernel.value)})
     lines = ["void lm_oracle(void **restrict bufs, const long long *restrict dims, const long long *restrict which, "
-             "long long count, float *restrict out) {"]
-    lines += [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
-    lines += [f"    const {C_TYPES[program.buffers[b].dtype]} *restrict b{b} = bufs[{b}];" for b in used]
+             "long long count, float *restrict out) {"] + _arguments(program, kernel, None)
     lines += ["    for (long long n = 0; n < count; n++) {", "        long long flat = which[n]; (void)flat;"]
     for var, extent in reversed(list(zip(kernel.loop_vars, kernel.shape))):
         lines.append(f"        const long long {var.name} = flat % ({extent.render_c()}); flat /= ({extent.render_c()});")
@@ -722,11 +724,11 @@ def _deps_outside(e, named: dict) -> frozenset:
     return depends_on(e)
 
 
-def render_program(program: KernelProgram, schedules: dict | None = None, buckets: list[dict] = ()) -> str:
+def render_program(program: KernelProgram, schedules: dict | None = None) -> str:
     """All kernels plus two entry points: lm_run, and lm_run_profiled that also times each kernel.
-    `schedules` maps a kernel's name to its Schedule, or to a list of them, one per shape bucket
-    in `buckets` (dim values): a call then runs each kernel with the schedule of the bucket
-    nearest its dims (missing: the default rules).
+    `schedules` maps a kernel's name to its schedule, or to a list of them, one per shape bucket:
+    a call runs each kernel with the schedule of the bucket its caller names after the dims
+    (the one nearest them, search.nearest_bucket); missing: the default rules.
 
     Kernels equal up to the buffers they touch (canonical_form) share one C function, called with
     their own buffers: a model's repeated layers are compiled once, which keeps the source and
@@ -749,26 +751,13 @@ def render_program(program: KernelProgram, schedules: dict | None = None, bucket
             "(" + " : ".join([f"lm_bucket == {k} ? {name}" for k, name in enumerate(names[:-1])] + [names[-1]]) + ")"
         args = ", ".join(f"bufs[{b}]" for b in ids)
         calls.append(f"{{ void *args[] = {{{args}}}; {function}(args, dims); }} /* {kernel.name} */")
-    parts.append(_nearest_bucket(program, buckets))
     timed = "\n".join(f"    t = omp_get_wtime(); {call} seconds[{i}] = omp_get_wtime() - t;"
                       for i, call in enumerate(calls))
     calls = "\n".join(f"    {call}" for call in calls)
-    start = "    const int lm_bucket = lm_nearest_bucket(dims); (void)lm_bucket;\n"
+    start = f"    const long long lm_bucket = dims[{len(program.dims)}]; (void)lm_bucket;\n"  # (search.nearest_bucket)
     parts.append(f"void lm_run(void **bufs, const long long *dims) {{\n{start}{calls}\n}}\n")
     parts.append(f"void lm_run_profiled(void **bufs, const long long *dims, double *seconds) {{\n"
                  f"    double t; (void)t;\n{start}{timed}\n}}\n")
     return "\n\n".join(parts)
-
-
-def _nearest_bucket(program: KernelProgram, buckets: list[dict]) -> str:
-    """`lm_nearest_bucket(dims)`: the index of the shape bucket nearest the call's dims (the sum
-    of |log2(dim / bucket value)| over the bucketed dims; the first of equals)."""
-    lines = ["static int lm_nearest_bucket(const long long *dims) {", "    (void)dims; double best = INFINITY;",
-             "    int which = 0;"]
-    for k, bucket in enumerate(buckets if len(buckets) > 1 else ()):
-        distance = " + ".join(f"fabs(log2((double)dims[{program.dims.index(d)}] / {v}.0))"
-                              for d, v in sorted(bucket.items()) if d in program.dims) or "0.0"
-        lines.append(f"    {{ const double d = {distance}; if (d < best) {{ best = d; which = {k}; }} }}")
-    return "\n".join(lines + ["    return which;", "}"])
 
 

@@ -7,6 +7,7 @@ search (compiler/search.py, through space.py) proposes others and keeps the fast
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import ClassVar, NamedTuple
 
 from ...compiler.analysis import packable_rows, plan_tiles, row_values, stride, vector_body
@@ -95,7 +96,7 @@ class Tiled:
             raise ValueError(f"invalid tile order {self.order!r}: want i and j once each, at most one p, "
                              f"the threaded (capital) loops first")
 
-    @property
+    @cached_property
     def blocks(self) -> list[Block]:
         return [Block(c.lower(), c.isupper()) for c in self.order]
 

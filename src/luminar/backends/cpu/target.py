@@ -53,8 +53,8 @@ class CPUTarget(Target):
         compute the region's values once per output column (every weight once per column of V)."""
         pruned = [["inlined: plain loops", None, "not timed (recomputes the region per output column)"]] * ("inlined" in forms)
         return [schedules.Online(rows, keys) for rows, keys in self.ONLINE_TILES] * ("online" in forms), pruned
-    def build(self, program, chosen: dict, buckets: list[dict]) -> Built:
-        source = render_program(program, chosen, buckets)
+    def build(self, program, chosen: dict) -> Built:
+        source = render_program(program, chosen)
         return Built(source, cc.load(source))
 
     def machine(self) -> str:
