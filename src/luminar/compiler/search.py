@@ -182,10 +182,7 @@ def language() -> Language:
         def loop(cls, dim: StringLike, span: i64Like, step: i64Like, kind: StringLike, inner: Nest) -> Nest: ...  # noqa: F821
 
         @classmethod
-        def pack(cls, inner: Nest) -> Nest: ...  # noqa: F821 - panels copied into a local buffer here
-
-        @classmethod
-        def pack_rows(cls, inner: Nest) -> Nest: ...  # noqa: F821 - row operands computed into a buffer first
+        def mark(cls, what: StringLike, inner: Nest) -> Nest: ...  # noqa: F821 - a Mark (PACK, PACK_ROWS) here
 
     class Root(Expr):
         def __init__(self, nest: Nest) -> None: ...
@@ -256,8 +253,8 @@ def sample(egraph, count: int, seed: int, viable, complete) -> list[tuple]:
                 dim, span, step, how, inner = row.inputs
                 node = (Loop(raw.value_to_string(dim), raw.value_to_i64(span), raw.value_to_i64(step),
                              raw.value_to_string(how)), inner)
-            elif kind in ("pack", "rows"):
-                node = (PACK if kind == "pack" else PACK_ROWS, row.inputs[0])
+            elif kind == "mark":
+                node = (Mark(raw.value_to_string(row.inputs[0])), row.inputs[1])
             elif kind == "body":
                 node = ("body", None)
             elif kind == "root":

@@ -19,6 +19,7 @@ nothing under compiler/, changes.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -98,7 +99,4 @@ class Target:
     def sources(self) -> list[Path]:
         """The target's code: every Python file of its package. A change to any of them (a new
         candidate, a faster micro-kernel) invalidates the tuning cache's decisions."""
-        import importlib
-        module = importlib.import_module(self.package)
-        root = Path(module.__file__).parent if module.__file__.endswith("__init__.py") else Path(module.__file__)
-        return sorted(root.rglob("*.py")) if root.is_dir() else [root]
+        return sorted(Path(importlib.import_module(self.package).__file__).parent.rglob("*.py"))

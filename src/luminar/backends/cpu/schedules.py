@@ -121,8 +121,7 @@ def to_json(schedule: Schedule) -> dict:
 
 
 def from_json(data: dict) -> Schedule:
-    fields = dict(data)
-    return KINDS[fields.pop("kind")](**fields)
+    return KINDS[data["kind"]](**{name: value for name, value in data.items() if name != "kind"})
 
 
 def default_loops(kernel: Kernel) -> Loops:
