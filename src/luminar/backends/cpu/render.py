@@ -22,6 +22,7 @@ from ...compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, I
 from ...compiler.online import online_plan
 from ...ops import PRIMITIVES
 from ...symbolic import C_HELPERS, sym
+from . import cc
 from .online import render_online
 from .schedules import PARALLEL_MIN_WORK, Loops, Online, Schedule, Tiled, default_loops, default_schedule
 
@@ -40,6 +41,7 @@ PRELUDE = f"""\
    found no maximum: 0/0). */
 extern float exp2f(float) __attribute__((simd("notinbranch")));
 extern float sinf(float) __attribute__((simd("notinbranch")));
+typedef float lm_vec __attribute__((vector_size({4 * cc.VECTOR_LANES})));  /* one SIMD register of floats */
 static inline float lm_bf16(unsigned short b) {{ union {{ uint32_t u; float f; }} v = {{ (uint32_t)b << 16 }}; return v.f; }}
 /* exp2 as inline arithmetic rather than libmvec's exp2f: that one takes a slow per-lane path for
    results outside the normal floats (masked attention scores below -126 made a causal softmax
@@ -665,16 +667,15 @@ def _generic_tile(program, plan, prim, ti, tj, r, K, pan_at, row_clamp, col_clam
 
 
 def _vector_tile(program, plan, vec, ti, tj, r, K, row_clamp, row_names) -> list[str]:
-    """The micro-kernel for row x panel products: ti x tj/16 vector accumulators that stay in
-    registers, each step one broadcast row value times tj/16 panel vectors (fused multiply-adds)."""
+    """The micro-kernel for row x panel products: ti x tj/lanes vector accumulators that stay in
+    registers, each step one broadcast row value times tj/lanes panel vectors (fused multiply-adds)."""
     row, _ = vec
-    nv = tj // 16
-    out = ["        typedef float lm_v16 __attribute__((vector_size(64)));",
-           f"        lm_v16 acc[{ti}][{nv}];",
+    nv = tj // cc.VECTOR_LANES
+    out = [f"        lm_vec acc[{ti}][{nv}];",
            f"        #pragma GCC unroll {ti * nv}",
-           f"        for (int q = 0; q < {ti * nv}; q++) acc[q / {nv}][q % {nv}] = (lm_v16){{0}};",
+           f"        for (int q = 0; q < {ti * nv}; q++) acc[q / {nv}][q % {nv}] = (lm_vec){{0}};",
            f"        for (long long {r} = 0; {r} < {K}; {r}++) {{",
-           f"          const lm_v16 *restrict pv = (const lm_v16 *)&pan[{r} * {tj}];",
+           f"          const lm_vec *restrict pv = (const lm_vec *)&pan[{r} * {tj}];",
            f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{"]
     if row_clamp:
         out.append(f"            {row_clamp}")

@@ -23,6 +23,7 @@ import dataclasses
 from ...compiler.analysis import packable_rows, plan_tiles, single_reduce, stride, value_at, vector_body, work
 from ...compiler.kernels import Apply, Gather, Kernel, KernelProgram, Reduce, loads, numel, walk
 from ...compiler.search import PACK, PACK_ROWS, Loop, Space
+from .cc import REGISTERS, VECTOR_LANES
 from .schedules import ONLINE_KEYS, ONLINE_ROWS, PARALLEL_MIN_WORK, Loops, Online, Tiled, default_schedule
 
 
@@ -161,7 +162,7 @@ def _tiled_schedule(nest, kernel, plan, default):
         order += letter.upper() if it.kind == "par" else letter
     order += "" if i is not None else "i"  # one row: the renderer's row loop runs once
     vector = tail[-1].kind == "vec" and tj % 16 == 0 and vector_body(plan) is not None
-    if ti > 16 or tj > 64 or vector and ti * tj // 16 > 28:
+    if ti > 16 or tj > 64 or vector and ti * tj // VECTOR_LANES > REGISTERS - 4:  # (accumulators in registers)
         return None
     try:
         tiled = Tiled(ti=ti, tj=tj, mc=mc, order=order, vector=vector,
@@ -272,7 +273,7 @@ def family(schedule: Loops | Tiled):
 
 
 # the online form's blocks of (query rows, keys) timed
-ONLINE_TILES = ((ONLINE_ROWS, ONLINE_KEYS), (128, 64), (32, 64), (64, 32))
+ONLINE_TILES = ((ONLINE_ROWS, ONLINE_KEYS), (128, ONLINE_KEYS), (32, ONLINE_KEYS), (ONLINE_ROWS, ONLINE_KEYS // 2))
 
 
 def fused_schedules(kernel: Kernel, forms: list[str], env: dict) -> tuple[list, list]:
