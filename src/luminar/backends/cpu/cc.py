@@ -48,11 +48,6 @@ def compiler() -> str:
     return cc
 
 
-def build(source: str) -> Path:
-    """The path of a shared object for `source`, compiling it unless it is cached."""
-    return build_many([source])[0]
-
-
 def build_many(sources: list[str]) -> list[Path]:
     """Shared objects for several sources; those not cached compile concurrently (one compiler
     process each: the search builds its candidates this way, a few per translation unit)."""
@@ -93,7 +88,7 @@ def load_many(sources: list[str]) -> list[ctypes.CDLL]:
             libraries.append(ctypes.CDLL(str(path)))
         except OSError:  # a corrupt cache entry: rebuild it once
             path.unlink(missing_ok=True)
-            libraries.append(ctypes.CDLL(str(build(source))))
+            libraries.append(ctypes.CDLL(str(build_many([source])[0])))
     return libraries
 
 

@@ -531,9 +531,7 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Tile
     batch = list(zip(kernel.loop_vars[:-2 if i is not None else -1], kernel.shape))
     vec = vector_body(plan) if s.vector and tj % 16 == 0 else None
     npan = len(plan.panels)
-    threaded = [b for b in s.blocks if b.threaded]  # (a prefix: Tiled checks)
-    if not s.packs_in_order(bool(plan.panels)):
-        raise ValueError(f"tile order {s.order!r}: the panels must be packed once, after the column blocks")
+    threaded = [b for b in s.blocks if b.threaded]  # (a prefix: Tiled checks; packs_in_order, the pack's place)
     header = {"j": f"for (long long j0 = 0; j0 < {N}; j0 += {tj})", "i": f"for (long long ic = 0; ic < {M}; ic += {mc})"}
 
     def clamp(var, base, offset, extent, tile):
