@@ -29,7 +29,7 @@ SAMPLE_S = 0.002  # a timing sample repeats the call until it lasts about this l
 class Bench:
     """Variants of one kernel compiled together (two translation units built concurrently) and run
     on random inputs sized for concrete dims, plus the oracle: the kernel's plain loop body
-    evaluated at chosen output positions (cpu.render_oracle), which any output size affords."""
+    evaluated at chosen output positions (render.render_oracle), which any output size affords."""
 
     def __init__(self, program, kernel, schedules: list, env: dict, seed: int):
         self.kernel, self.env, self.schedules, self.seed = kernel, env, list(schedules), seed
