@@ -132,3 +132,26 @@ def test_buckets_a_kernel_does_not_read_share_one_search(monkeypatch):
     program = g.compile("cpu", search=True, search_dims={"s": [1, 128]})
     matmul = next(name for name in program.choices if "sum_reduce" in name)
     assert len(calls) == 1 and program.choices[matmul][0] is program.choices[matmul][1]
+
+
+def test_a_dim_named_like_the_oracles_own_variables_is_searched():
+    """The oracle's loop counters are lm_-prefixed: a graph dim called n (a batch) once shadowed one."""
+    g = lm.Graph()
+    lm.linear(g.tensor("x", ("n", 384)), g.tensor("w", (512, 384)), g.tensor("b", (512,))).output("y")
+    program = g.compile("cpu", search=True)
+    x, w, b = rand(3, 384), rand(512, 384, seed=1), rand(512, seed=2)
+    np.testing.assert_allclose(program(x=x, w=w, b=b)["y"], x @ w.T + b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dim", ["n", "l", "v", "q", "acc", "ii", "tile", "dims"])
+def test_dims_named_like_the_generated_codes_locals_compute_right(dim):
+    """A graph dim is renamed in C (lm_dim_...), so it cannot shadow a loop counter or buffer of
+    the generated code, with the tiled, split-reduction and softmax schedules alike."""
+    g = lm.Graph()
+    x, w = g.tensor("x", (dim, 200)), g.tensor("w", (200, 48))
+    ((x @ w).softmax(-1) + x.sum(-1, keepdim=True)).output("y")
+    for rows in (1, 5):
+        a, b = rand(rows, 200, seed=rows), rand(200, 48, seed=7)
+        got = g.compile("cpu")(x=a, w=b)["y"]
+        e = np.exp(a @ b - (a @ b).max(-1, keepdims=True))
+        np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True) + a.sum(-1, keepdims=True), rtol=1e-4, atol=1e-4)

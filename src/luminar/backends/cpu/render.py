@@ -21,7 +21,7 @@ from ...compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, I
                                  rebuild, split_reductions, substitute, walk)
 from ...compiler.online import online_plan
 from ...ops import PRIMITIVES
-from ...symbolic import C_HELPERS, sym
+from ...symbolic import C_HELPERS, Var, sym
 from . import cc
 from .online import render_online
 from .schedules import PARALLEL_MIN_WORK, Loops, Online, Schedule, Tiled, default_loops, default_schedule
@@ -430,7 +430,7 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
 def _arguments(program: KernelProgram, kernel: Kernel, out: int | None) -> list[str]:
     """C declarations of the dims and of the buffers the kernel reads (and writes: `out`), taken
     from a kernel function's arguments."""
-    lines = [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
+    lines = [f"    const long long {Var(d).render_c()} = dims[{i}]; (void){Var(d).render_c()};" for i, d in enumerate(program.dims)]
     for b in sorted({load.buffer for load in loads(kernel.value)} | ({out} - {None})):
         ctype, const = C_TYPES[program.buffers[b].dtype], "" if b == out else "const "
         lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
@@ -506,12 +506,13 @@ def render_oracle(program: KernelProgram, kernel: Kernel) -> str:
     the semantics search candidates are checked against, affordable for any output size."""
     lines = ["void lm_oracle(void **restrict bufs, const long long *restrict dims, const long long *restrict which, "
              "long long count, float *restrict out) {"] + _arguments(program, kernel, None)
-    lines += ["    for (long long n = 0; n < count; n++) {", "        long long flat = which[n]; (void)flat;"]
+    # (lm_ names: a symbolic dim may be called n or flat)
+    lines += ["    for (long long lm_n = 0; lm_n < count; lm_n++) {", "        long long lm_flat = which[lm_n]; (void)lm_flat;"]
     for var, extent in reversed(list(zip(kernel.loop_vars, kernel.shape))):
-        lines.append(f"        const long long {var.name} = flat % ({extent.render_c()}); flat /= ({extent.render_c()});")
+        lines.append(f"        const long long {var.name} = lm_flat % ({extent.render_c()}); lm_flat /= ({extent.render_c()});")
     emitter = _Emitter(program, "        ")
     value = emitter.emit(split_reductions(kernel.value))
-    return "\n".join(lines + emitter.lines + [f"        out[n] = {value};", "    }", "}"])
+    return "\n".join(lines + emitter.lines + [f"        out[lm_n] = {value};", "    }", "}"])
 
 
 # -- the tiled reduction schedule ----------------------------------------------------------------
