@@ -10,4 +10,7 @@ def get_backend(name: str):
     if name == "cpu":
         from .cpu import CPUProgram
         return CPUProgram
-    raise UnsupportedError(f"unknown backend {name!r}; available: 'reference', 'cpu'")
+    if name == "opencl":
+        from .opencl import OpenCLProgram
+        return OpenCLProgram
+    raise UnsupportedError(f"unknown backend {name!r}; available: 'reference', 'cpu', 'opencl'")

@@ -1,0 +1,143 @@
+"""The OpenCL target's runtime: a compiled graph's device program, its arena and its calls.
+
+compiler/pipeline.py does everything up to a built program; an OpenCLProgram keeps what a call
+needs: the kernels' functions, memory plans per dim bucket (compiler/memory.py) placing every
+temporary in one device arena, and device buffers for inputs and outputs. A call copies its
+inputs to the device, enqueues every kernel in order on one in-order queue (symbolic dims are
+kernel arguments: a new sequence length needs no rebuild), and copies the outputs back.
+
+Device-resident inputs: an input set with `set_inputs` (weights) is copied once and kept while
+it is the same array; the new value of a `Graph.update` input stays on the device (its output
+buffer becomes the input's), so a training step or a cache update does not copy it back in.
+Such an array, changed in place on the host, is not copied again: pass a new array instead.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+
+from ...compiler import pipeline
+from ...compiler.memory import MemoryPlan, plan_memory
+from ...errors import UnsupportedError
+from ...program import Program
+from .device import device, opencl
+from .render import launch
+
+
+class OpenCLProgram(Program):
+    """A graph compiled to one OpenCL program; a call enqueues every kernel in order.
+
+    LUMINAR_DEBUG=2 prints the generated OpenCL C at compile time."""
+    backend = "opencl"
+    MAX_PLANS = 64  # memory plans kept for distinct dim values
+
+    def __init__(self, graph, search=None, search_dims=None, seed=0, target=None, **options):
+        """Options: `search`, `search_dims`, `seed` (see compiler/pipeline.compile_graph); `target`
+        an OpenCLTarget (default: the device's)."""
+        super().__init__(graph)
+        if options:
+            raise UnsupportedError(f"opencl backend: unknown options {sorted(options)}; "
+                                   f"known: search, search_dims, seed, target")
+        from .target import OPENCL
+        self.device = device()  # (first: no device is a DeviceError before any compiling)
+        self.compiled = pipeline.compile_graph(graph, target or OPENCL, search, search_dims, seed)
+        self.kernels, self.search = self.compiled.kernels, self.compiled.search
+        self.choices, self.fusions = self.compiled.choices, self.compiled.fusions
+        built = self.compiled.built
+        self.source, self.buckets = built.source, built.buckets
+        self.compile_seconds = self.compiled.build_seconds
+        functions = {name: getattr(built.program, name) for call in built.calls for name in call.functions}
+        self._calls = [(call, [functions[n] for n in call.functions]) for call in built.calls]
+        self._plans: dict[tuple, MemoryPlan] = {}
+        self._arena, self._arena_bytes = None, 0
+        self._inputs: dict[str, tuple] = {}  # input name -> (the host array it holds, device buffer, bytes)
+        self._outputs: dict[str, tuple] = {}  # output name -> (device buffer, bytes)
+        if int(os.environ.get("LUMINAR_DEBUG", "0") or 0) >= 2:
+            print(self.source, file=sys.stderr)
+
+    def explain(self) -> str:
+        """Text: each kernel's schedule and where it came from; with search, the candidates."""
+        return self.compiled.explain()
+
+    def memory_plan(self, env: dict[str, int], exact: bool = False) -> MemoryPlan:
+        """The arena layout for these dim values (rounded up to powers of two unless `exact`)."""
+        bucket = dict(env) if exact else {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()}
+        key = (exact, *(bucket.get(d, 0) for d in self.kernels.dims))
+        if key not in self._plans:
+            if len(self._plans) >= self.MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = plan_memory(self.kernels, bucket, life=self.compiled.lifetimes)
+        return self._plans[key]
+
+    def _bucket(self, env) -> int:
+        """The shape bucket nearest these dims (the sum of |log2(dim / bucket value)|; first of equals)."""
+        if len(self.buckets) < 2:
+            return 0
+        distance = [sum(abs(math.log2(env[d] / v)) for d, v in b.items() if d in env) for b in self.buckets]
+        return distance.index(min(distance))
+
+    def _buffer(self, table: dict, name: str, nbytes: int):
+        held = table.get(name)
+        if held is None or held[-1] < nbytes:
+            buf = self.device.allocate(nbytes)
+            table[name] = (None, buf, nbytes) if table is self._inputs else (buf, nbytes)
+            return buf
+        return held[1] if table is self._inputs else held[0]
+
+    def execute(self, arrays, env):
+        cl, queue, kp = opencl(), self.device.queue, self.kernels
+        plan = self.memory_plan(env)
+        if self._arena is None or self._arena_bytes < plan.arena_bytes:
+            self._arena, self._arena_bytes = self.device.allocate(plan.arena_bytes), plan.arena_bytes
+        where = {b: (self._arena, offset // 4) for b, offset in plan.offsets.items()}
+        for name, buf in kp.inputs.items():
+            host = np.ascontiguousarray(arrays[name])
+            held = self._inputs.get(name)
+            if held is not None and held[0] is arrays[name] and arrays[name] is self.fixed.get(name):
+                where[buf] = (held[1], 0)  # a weight or state already on the device
+                continue
+            device_buf = self._buffer(self._inputs, name, host.nbytes)
+            if host.nbytes:
+                cl.enqueue_copy(queue, device_buf, host, is_blocking=False)
+            self._inputs[name] = (arrays[name] if arrays[name] is self.fixed.get(name) else None, device_buf,
+                                  self._inputs[name][2])
+            where[buf] = (device_buf, 0)
+        shapes = {name: tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]) for name in kp.outputs}
+        for name, buf in kp.outputs.items():
+            where[buf] = (self._buffer(self._outputs, name, 4 * math.prod(shapes[name])), 0)
+        dims = [np.int64(env[d]) for d in kp.dims]
+        bucket = self._bucket(env)
+        for call, functions in self._calls:
+            which = bucket if len(functions) > 1 else 0
+            sizes = launch(call.kernel, call.schedules[which], env)
+            if sizes is None:
+                continue
+            function = functions[which]
+            function.set_args(*[x for b in call.buffers for x in (where[b][0], np.int64(where[b][1]))], *dims)
+            cl.enqueue_nd_range_kernel(queue, function, *sizes)
+        results = {}
+        for name, buf in kp.outputs.items():
+            results[name] = np.empty(shapes[name], np.float32)
+            if results[name].nbytes:
+                cl.enqueue_copy(queue, results[name], where[buf][0], is_blocking=False)
+        queue.finish()
+        self._keep_state(results)
+        return results
+
+    def _keep_state(self, results) -> None:
+        """The new value of each updated float32 input stays on the device as that input's buffer
+        (Program.run makes the returned array the next call's input); the old buffer takes the
+        next output."""
+        for name, output in self.graph.updates.items():
+            if self.graph.inputs[name].dtype != "float32" or output not in self._outputs:
+                continue
+            out_buf, out_bytes = self._outputs[output]
+            old = self._inputs.get(name)
+            self._inputs[name] = (results[output], out_buf, out_bytes)
+            if old is not None:
+                self._outputs[output] = (old[1], old[2])
+            else:
+                del self._outputs[output]
