@@ -53,7 +53,7 @@ class OpenCLProgram(Program):
         self._calls = [(call, [functions[n] for n in call.functions]) for call in built.calls]
         self._plans: dict[tuple, MemoryPlan] = {}
         self._arena, self._arena_bytes = None, 0
-        self._inputs: dict[str, tuple] = {}  # input name -> (the host array it holds, device buffer, bytes)
+        self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device buffer, bytes)
         self._outputs: dict[str, tuple] = {}  # output name -> (device buffer, bytes)
         if int(os.environ.get("LUMINAR_DEBUG", "0") or 0) >= 2:
             print(self.source, file=sys.stderr)
@@ -79,13 +79,9 @@ class OpenCLProgram(Program):
         distance = [sum(abs(math.log2(env[d] / v)) for d, v in b.items() if d in env) for b in self.buckets]
         return distance.index(min(distance))
 
-    def _buffer(self, table: dict, name: str, nbytes: int):
-        held = table.get(name)
-        if held is None or held[-1] < nbytes:
-            buf = self.device.allocate(nbytes)
-            table[name] = (None, buf, nbytes) if table is self._inputs else (buf, nbytes)
-            return buf
-        return held[1] if table is self._inputs else held[0]
+    def _room(self, held: tuple | None, nbytes: int) -> tuple:
+        """(device buffer, its bytes): `held`'s when it is large enough, else a new one."""
+        return held if held is not None and held[1] >= nbytes else (self.device.allocate(nbytes), nbytes)
 
     def execute(self, arrays, env):
         cl, queue, kp = opencl(), self.device.queue, self.kernels
@@ -94,20 +90,21 @@ class OpenCLProgram(Program):
             self._arena, self._arena_bytes = self.device.allocate(plan.arena_bytes), plan.arena_bytes
         where = {b: (self._arena, offset // 4) for b, offset in plan.offsets.items()}
         for name, buf in kp.inputs.items():
-            host = np.ascontiguousarray(arrays[name])
-            held = self._inputs.get(name)
-            if held is not None and held[0] is arrays[name] and arrays[name] is self.fixed.get(name):
-                where[buf] = (held[1], 0)  # a weight or state already on the device
+            given, held = arrays[name], self._inputs.get(name)
+            resident = given is self.fixed.get(name)  # a weight or state: kept while it is the same array
+            if resident and held is not None and held[0] is given:
+                where[buf] = (held[1], 0)
                 continue
-            device_buf = self._buffer(self._inputs, name, host.nbytes)
+            host = np.ascontiguousarray(given)
+            room = self._room(held[1:] if held is not None else None, host.nbytes)
             if host.nbytes:
-                cl.enqueue_copy(queue, device_buf, host, is_blocking=False)
-            self._inputs[name] = (arrays[name] if arrays[name] is self.fixed.get(name) else None, device_buf,
-                                  self._inputs[name][2])
-            where[buf] = (device_buf, 0)
+                cl.enqueue_copy(queue, room[0], host, is_blocking=False)
+            self._inputs[name] = (given if resident else None, *room)
+            where[buf] = (room[0], 0)
         shapes = {name: tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]) for name in kp.outputs}
         for name, buf in kp.outputs.items():
-            where[buf] = (self._buffer(self._outputs, name, 4 * math.prod(shapes[name])), 0)
+            self._outputs[name] = self._room(self._outputs.get(name), 4 * math.prod(shapes[name]))
+            where[buf] = (self._outputs[name][0], 0)
         dims = [np.int64(env[d]) for d in kp.dims]
         bucket = self._bucket(env)
         for call, functions in self._calls:
