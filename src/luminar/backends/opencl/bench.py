@@ -56,7 +56,7 @@ class Kernels:
             used = sorted({ld.buffer for ld in loads(kernel.value)} | {kernel.out})
             args = [x for b in used for x in (self.buffers[b], np.int64(0))]
             args += [np.int64(env[d]) for d in program.dims]
-            function = getattr(built, name)
+            function = cl.Kernel(built, name)
             function.set_args(*args)
             self.calls.append((function, launch(kernel, schedule, env)))
 

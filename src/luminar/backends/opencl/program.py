@@ -49,7 +49,8 @@ class OpenCLProgram(Program):
         built = self.compiled.built
         self.source, self.buckets = built.source, built.buckets
         self.compile_seconds = self.compiled.build_seconds
-        functions = {name: getattr(built.program, name) for call in built.calls for name in call.functions}
+        cl = opencl()
+        functions = {name: cl.Kernel(built.program, name) for call in built.calls for name in call.functions}
         self._calls = [(call, [functions[n] for n in call.functions]) for call in built.calls]
         self._plans: dict[tuple, MemoryPlan] = {}
         self._arena, self._arena_bytes = None, 0
