@@ -23,7 +23,7 @@ from ...compiler import pipeline
 from ...compiler.memory import MemoryPlan, plan_memory
 from ...errors import UnsupportedError
 from ...program import Program
-from .device import device, opencl
+from .device import DeviceError, device, opencl
 from .render import launch
 
 
@@ -115,7 +115,11 @@ class OpenCLProgram(Program):
                 continue
             function = functions[which]
             function.set_args(*[x for b in call.buffers for x in (where[b][0], np.int64(where[b][1]))], *dims)
-            cl.enqueue_nd_range_kernel(queue, function, *sizes)
+            try:
+                cl.enqueue_nd_range_kernel(queue, function, *sizes)
+            except cl.Error as e:  # (out of resources: a work-group too large for this device's registers)
+                raise DeviceError(f"{self.device.device.name!r} refused to run kernel {call.kernel.name} "
+                                  f"({call.schedules[which].describe()}, global {sizes[0]}, local {sizes[1]}): {e}") from None
         results = {}
         for name, buf in kp.outputs.items():
             results[name] = np.empty(shapes[name], np.float32)

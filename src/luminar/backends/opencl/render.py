@@ -166,14 +166,14 @@ def render_grid(program, kernel, schedule: Grid, d: Dialect) -> list[str]:
 def render_rows(program, kernel, schedule: Rows, d: Dialect) -> list[str]:
     """A work-group per row: row values reduced across it (local memory, a halving tree of
     barriers), then every `local`-th element of the row per work-item."""
-    size, inner, prim_of = schedule.local, kernel.loop_vars[-1], lambda r: PRIMITIVES[r.op]  # noqa: E731
+    size, inner = schedule.local, kernel.loop_vars[-1]
     lines = [f"    {d.local_array} float lm_part[{size}];",
              f"    const {d.index} lm_row = ({d.index}){d.group_id.format(0)};",
              f"    const int lm_lid = (int){d.local_id.format(0)};"]
     lines += _unflatten("lm_row", kernel.loop_vars[:-1], kernel.shape[:-1], d)
     em = Emitter(program, d, "    ")
     for red in hoisted_rows(kernel):
-        prim, acc = prim_of(red), em.fresh("part")
+        prim, acc = PRIMITIVES[red.op], em.fresh("part")
         em.hoist(red.body, red.var.name)
         em.lines += [f"    float {acc} = {render_float(prim.identity)};",
                      f"    for ({d.index} {red.var.name} = lm_lid; {red.var.name} < {red.extent.render_c()}; "
@@ -204,11 +204,11 @@ def render_tiled(program, kernel, plan: TilePlan, s: Tiled, d: Dialect) -> list[
     M, N, K = kernel.shape[-2].render_c(), kernel.shape[-1].render_c(), red.extent.render_c()
     r = red.var.name
     nrow, npan = len(plan.rows), len(plan.panels)
-    lines = []
-    if s.local:
-        lines += [f"    {d.local_array} float lm_rows[{max(nrow, 1) * bi * s.kt}];" * bool(nrow),
-                  f"    {d.local_array} float lm_pans[{max(npan, 1) * bj * s.kt}];" * bool(npan)]
-        lines = [x for x in lines if x]
+    lines = []  # (local arrays are declared at the function's top level, as OpenCL C requires)
+    if s.local and nrow:
+        lines.append(f"    {d.local_array} float lm_rows[{nrow * bi * s.kt}];")
+    if s.local and npan:
+        lines.append(f"    {d.local_array} float lm_pans[{npan * bj * s.kt}];")
     lines += [f"    const int lm_lj = (int){d.local_id.format(0)}, lm_li = (int){d.local_id.format(1)};",
               f"    const {ix} lm_j0 = ({ix}){d.group_id.format(0)} * {bj}, lm_i0 = ({ix}){d.group_id.format(1)} * {bi};",
               f"    const {ix} lm_batch = ({ix}){d.group_id.format(2)};"]

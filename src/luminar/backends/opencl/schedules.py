@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from ...compiler.analysis import plan_tiles, row_values
-from ...compiler.kernels import Kernel, Reduce, children, depends_on, walk
+from ...compiler.kernels import Kernel, Reduce, children, depends_on
 
 GROUP = 64  # work-items per work-group of the default Grid and Rows forms
 
@@ -114,7 +114,3 @@ def default_schedule(kernel: Kernel) -> Schedule:
     if row_values(kernel) and hoisted_rows(kernel):
         return Rows()
     return Grid()
-
-
-def uses_reduce(kernel: Kernel) -> bool:
-    return any(isinstance(n, Reduce) for n in walk(kernel.value))

@@ -99,22 +99,46 @@ def _rank(item) -> int:
 
 def viable(kernel: Kernel, sp: Space):
     """The prefix test for sampling: serial spatial loops, then grid, item, the reduction's block,
-    the pack, the reduction, register loops, in that order; a dim mapped once."""
+    the pack, the reduction, register loops, in that order; a dim mapped once; a dim's items
+    only after its grid loop, its register loop only after its items."""
     def test(prefix, item) -> bool:
         if item != PACK and item.kind not in RANK:
             return False
-        last = prefix[-1] if prefix else None
-        if last is not None and _rank(item) < _rank(last):
+        if prefix and _rank(item) < _rank(prefix[-1]):
             return False
-        if item != PACK and item.kind in ("grid", "item", "reg"):
-            return not any(it != PACK and it.dim == item.dim and it.kind == item.kind for it in prefix)
+        if item == PACK:
+            return True
+        kinds = {(it.dim, it.kind) for it in prefix if it != PACK}
+        if (item.dim, item.kind) in kinds and item.kind != "s":
+            return False
+        if item.kind == "item":
+            return (item.dim, "grid") in kinds
+        if item.kind == "reg":
+            return (item.dim, "item") in kinds
         return True
     return test
 
 
+_SHAPES: dict[int, tuple] = {}  # id(kernel) -> _shape(kernel): sampling asks to_schedule ~10^4 times per kernel
+
+
+def _shape(kernel: Kernel) -> tuple:
+    """(kernel, its loop names, (row, panel) operand counts of its tile plan or None, whether the
+    rows form applies), computed once per kernel."""
+    known = _SHAPES.get(id(kernel))
+    if known is None or known[0] is not kernel:
+        if len(_SHAPES) > 256:
+            _SHAPES.clear()
+        plan = plan_tiles(kernel)
+        operands = (len(plan.rows), len(plan.panels)) if plan is not None and plan.i is not None else None
+        rows = bool(hoisted_rows(kernel)) and isinstance(default_schedule(kernel), Rows)
+        known = _SHAPES[id(kernel)] = (kernel, [v.name for v in kernel.loop_vars], operands, rows)
+    return known
+
+
 def to_schedule(nest: tuple, kernel: Kernel, max_group: int, local_bytes: int):
     """The form a nest describes, or None when it is none of them or the device cannot run it."""
-    names = [v.name for v in kernel.loop_vars]
+    _, names, operands, rows_form = _shape(kernel)
     loops = [it for it in nest if it != PACK]
     items = {it.dim: it for it in loops if it.kind == "item"}
     regs = {it.dim: it.span for it in loops if it.kind == "reg"}
@@ -123,16 +147,16 @@ def to_schedule(nest: tuple, kernel: Kernel, max_group: int, local_bytes: int):
     packed = PACK in nest
     if set(items) == {names[-1]} and not regs and not packed and not blocks:
         size = items[names[-1]].span
-        if hoisted_rows(kernel) and isinstance(default_schedule(kernel), Rows):
+        if rows_form:
             return Rows(size) if size & (size - 1) == 0 else None
         return Grid(size)
-    plan = plan_tiles(kernel)
-    if plan is None or plan.i is None or set(items) != {names[-2], names[-1]} or serial or packed != bool(blocks):
+    i, j = names[-2:] if len(names) > 1 else (None, names[-1])
+    # (batch dims run across work-groups whether the nest maps them to the grid or leaves them serial)
+    if operands is None or set(items) != {i, j} or {i, j} & set(serial) or packed != bool(blocks):
         return None
-    i, j = names[-2], names[-1]
     tiled = Tiled(wi=items[i].span, wj=items[j].span, ri=regs.get(i, 1), rj=regs.get(j, 1),
                   kt=blocks[0].step if blocks else Tiled.kt, local=packed)
-    if tiled.wi * tiled.wj > max_group or tiled.local_floats(len(plan.rows), len(plan.panels)) * 4 > local_bytes:
+    if tiled.wi * tiled.wj > max_group or tiled.local_floats(*operands) * 4 > local_bytes:
         return None
     return tiled
 
