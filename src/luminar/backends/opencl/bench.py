@@ -1,8 +1,9 @@
 """The OpenCL target's bench: candidate schedules of one kernel built as one program, validated
 against the plain form on the device, and timed there.
 
-The plain form (Grid: an output element per work-item, reductions serial) is the semantics a
-candidate must match, at every output position. Inputs are random (normal floats, small
+The plain loop body (an output element per work-item, reductions serial), evaluated at sampled
+output positions, is the semantics a candidate must match; the first candidate (the default),
+once right, is compared with the others everywhere. Inputs are random (normal floats, small
 integers: never all zero), drawn with the search's seed.
 """
 from __future__ import annotations
@@ -13,10 +14,9 @@ import time
 import numpy as np
 
 from ...compiler.kernels import loads
-from ...compiler.target import CompilerError
 from .device import device, opencl
-from .render import launch, render_kernel
-from .schedules import Grid
+from .dialect import OPENCL
+from .render import launch, render_kernel, render_sampled
 
 RTOL = 1e-3  # a candidate's output must match the plain form's within this (relative to the output's scale)
 SAMPLE_S = 0.002  # a timing sample repeats the call until it lasts about this long
@@ -41,12 +41,11 @@ def random_buffers(program, buffers, env, seed) -> dict[int, np.ndarray]:
 class Kernels:
     """Kernel functions of one built program run over one set of device buffers (by buffer id)."""
 
-    def __init__(self, program, arrays: dict, env: dict, sources: list):
-        """`sources`: (function name, kernel, schedule) rendered into one program."""
+    def __init__(self, program, arrays: dict, env: dict, sources: list, extra: str = ""):
+        """`sources`: (function name, kernel, schedule) rendered into one program, after `extra`."""
         cl, self.dev = opencl(), device()
-        from .dialect import OPENCL
-        text = "\n\n".join([OPENCL.prelude] + [render_kernel(program, k, s, name=n) for n, k, s in sources])
-        built = self.dev.build(text)
+        text = "\n\n".join([OPENCL.prelude, extra] + [render_kernel(program, k, s, name=n) for n, k, s in sources])
+        self.built = self.dev.build(text)
         self.program, self.env, self.arrays = program, env, arrays
         self.buffers = {b: self.dev.allocate(a.nbytes) for b, a in arrays.items()}
         for b, a in arrays.items():
@@ -54,12 +53,15 @@ class Kernels:
                 cl.enqueue_copy(self.dev.queue, self.buffers[b], a)
         self.calls = []
         for name, kernel, schedule in sources:
-            used = sorted({ld.buffer for ld in loads(kernel.value)} | {kernel.out})
-            args = [x for b in used for x in (self.buffers[b], np.int64(0))]
-            args += [np.int64(env[d]) for d in program.dims]
-            function = cl.Kernel(built, name)
-            function.set_args(*args)
+            function = cl.Kernel(self.built, name)
+            function.set_args(*self.args(kernel))
             self.calls.append((function, launch(kernel, schedule, env)))
+
+    def args(self, kernel) -> list:
+        """A kernel function's arguments: a buffer and offset 0 per buffer it touches, then the dims."""
+        used = sorted({ld.buffer for ld in loads(kernel.value)} | {kernel.out})
+        return [x for b in used for x in (self.buffers[b], np.int64(0))] + \
+            [np.int64(self.env[d]) for d in self.program.dims]
 
     def run(self, k: int) -> None:
         function, sizes = self.calls[k]
@@ -78,16 +80,15 @@ class Kernels:
 
 
 class Bench:
-    """Variants of one kernel plus the plain form, built as one program, on random inputs."""
+    """Variants of one kernel plus the plain form at sampled positions, built as one program."""
 
     def __init__(self, program, kernel, schedules: list, env: dict, seed: int):
         self.kernel, self.schedules, self.seed = kernel, list(schedules), seed
         reads = {ld.buffer for ld in loads(kernel.value)}
         self.arrays = random_buffers(program, reads, env, seed)
         self.arrays[kernel.out] = np.zeros(int(program.buffers[kernel.out].numel.evaluate(env)), np.float32)
-        sources = [(f"lm_variant{k}", kernel, s) for k, s in enumerate(self.schedules)] + \
-            [("lm_plain", kernel, Grid())]
-        self.kernels = Kernels(program, self.arrays, env, sources)
+        sources = [(f"lm_variant{k}", kernel, s) for k, s in enumerate(self.schedules)]
+        self.kernels = Kernels(program, self.arrays, env, sources, render_sampled(program, kernel, OPENCL, "lm_plain"))
 
     def output(self, k: int) -> np.ndarray | None:
         """Variant k's output, or None when the device refuses to run it (too many registers or
@@ -99,18 +100,40 @@ class Bench:
         except opencl().Error:
             return None
 
+    def plain(self, which: np.ndarray) -> np.ndarray:
+        """The plain loop body's values at flat output positions `which`."""
+        cl, dev = opencl(), self.kernels.dev
+        samples = np.empty(len(which), np.float32)
+        positions, out = dev.allocate(which.nbytes), dev.allocate(samples.nbytes)
+        cl.enqueue_copy(dev.queue, positions, which)
+        function = cl.Kernel(self.kernels.built, "lm_plain")
+        function.set_args(*self.kernels.args(self.kernel), positions, np.int64(len(which)), out)
+        cl.enqueue_nd_range_kernel(dev.queue, function, (-(-len(which) // 64) * 64,), (64,))
+        cl.enqueue_copy(dev.queue, samples, out)
+        return samples
+
     def validate(self, expected: np.ndarray | None = None) -> list[bool]:
-        """Whether each variant's whole output matches the plain form's (or `expected`)."""
-        truth = expected if expected is not None else self.output(len(self.schedules))
-        if truth is None:
-            raise CompilerError(f"{self.kernel.name}: the device refused to run the kernel's plain form")
+        """Whether each variant is right: its output matches the plain loop body at sampled
+        positions (every position of small outputs; else random ones, the first and the last) --
+        or `expected` everywhere when given -- and, where the first variant is right, its output
+        everywhere."""
+        n = self.arrays[self.kernel.out].size
+        rng = np.random.default_rng(self.seed)
+        which = np.arange(n) if n <= 4096 or expected is not None else np.unique(np.concatenate(
+            [rng.integers(0, n, 2048), np.arange(64), np.arange(n - 64, n)]))
+        which = np.ascontiguousarray(which, dtype=np.int64)
+        truth = expected[which] if expected is not None else self.plain(which)
         finite = np.abs(truth[np.isfinite(truth)])
         atol = RTOL * (float(finite.max()) if finite.size else 1.0) + 1e-6
-        ok = []
+        close = lambda a, b: bool(np.isclose(a, b, rtol=RTOL, atol=atol, equal_nan=True).all())  # noqa: E731
+        reference, ok = None, []
         for k in range(len(self.schedules)):
             out = self.output(k)
-            ok.append(out is not None and bool(np.isclose(out, truth, rtol=RTOL, atol=atol, equal_nan=True).all()))
-        self.arrays[self.kernel.out][...] = truth
+            good = out is not None and close(out[which], truth) and (reference is None or close(out, reference))
+            reference = out if k == 0 and good else reference
+            ok.append(good)
+        if reference is not None:
+            self.arrays[self.kernel.out][...] = reference
         return ok
 
     def time(self, which: list[int], budget_s: float) -> dict[int, float]:

@@ -163,6 +163,24 @@ def render_grid(program, kernel, schedule: Grid, d: Dialect) -> list[str]:
     return lines + em.lines + [f"    b{kernel.out}[lm_flat] = {value};"]
 
 
+def render_sampled(program: KernelProgram, kernel: Kernel, dialect: Dialect, name: str) -> str:
+    """`name(buffers.., dims.., which, count, samples)`: the kernel's value at `count` flat output
+    positions `which`, one per work-item, each by the plain loop body (reductions serial): the
+    semantics candidates are checked against, affordable where the whole plain form is not (a
+    row kernel's plain form recomputes its row values for every element)."""
+    d = dialect
+    head = signature(program, kernel, d, name)
+    head[0] = head[0].replace(") {", f", {d.global_ptr} const {d.index} *lm_which, const {d.index} lm_count, "
+                                     f"{d.global_ptr} float *lm_samples) {{")
+    lines = [f"    const {d.index} lm_n = ({d.index}){d.group_id.format(0)} * {d.local_size.format(0)} + "
+             f"({d.index}){d.local_id.format(0)};",
+             "    if (lm_n >= lm_count) return;", f"    const {d.index} lm_flat = lm_which[lm_n];"]
+    lines += _unflatten("lm_flat", kernel.loop_vars, kernel.shape, d)
+    em = Emitter(program, d, "    ")
+    value = em.emit(split_reductions(kernel.value))
+    return "\n".join(head + lines + em.lines + [f"    lm_samples[lm_n] = {value};", "}"])
+
+
 def render_rows(program, kernel, schedule: Rows, d: Dialect) -> list[str]:
     """A work-group per row: row values reduced across it (local memory, a halving tree of
     barriers), then every `local`-th element of the row per work-item."""
