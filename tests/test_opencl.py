@@ -167,6 +167,19 @@ def test_a_wrong_kernel_fails_validation():
     assert bench.validate(expected=np.full(128, 7.0, np.float32)) == [False]
 
 
+def test_a_variant_that_computes_something_else_fails_against_the_plain_body(monkeypatch):
+    from luminar.backends.opencl import bench as bench_module
+    render = bench_module.render_kernel
+
+    def off_by_one(program, kernel, schedule=None, name=None):  # the second variant adds 1 to every output
+        source = render(program, kernel, schedule, name=name)
+        return source.replace(f"b{kernel.out}[lm_flat] = ", f"b{kernel.out}[lm_flat] = 1.0f + ") \
+            if name == "lm_variant1" else source
+    monkeypatch.setattr(bench_module, "render_kernel", off_by_one)
+    program, kernel = _kernel(lambda g: (g.tensor("x", (300, 40)).exp() * 2.0).output("y"))  # sampled: > 4096 outputs
+    assert Bench(program, kernel, [Grid(), Grid(local=32), Grid(local=128)], {}, seed=0).validate() == [True, False, True]
+
+
 # -- the search on the device -------------------------------------------------------------------------
 def test_search_validates_and_times_candidates_on_the_device(tmp_path, monkeypatch):
     monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
@@ -185,6 +198,19 @@ def test_search_validates_and_times_candidates_on_the_device(tmp_path, monkeypat
     np.testing.assert_allclose(program(a=x, b=y)["c"], x @ y, rtol=1e-4, atol=1e-4)
     again = g.compile("opencl", search=20)  # from the tuning cache
     assert again.choices[again.kernels.kernels[0].name][0].source == "cached"
+
+
+def test_a_schedule_per_shape_bucket_is_dispatched_on_the_call_dims(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    g = lm.Graph()
+    x, w = g.tensor("x", ("s", 64)), g.tensor("w", (64, 48))
+    (x @ w).output("y")
+    program = g.compile("opencl", search=20, search_dims={"s": [1, 64]})
+    assert len(program.choices[program.kernels.kernels[0].name]) == 2
+    weights = rand(64, 48)
+    for s in (1, 3, 100):
+        xs = rand(s, 64, seed=s)
+        np.testing.assert_allclose(program(x=xs, w=weights)["y"], xs @ weights, rtol=1e-4, atol=1e-5)
 
 
 # -- the runtime --------------------------------------------------------------------------------------
