@@ -45,6 +45,5 @@ def compile_graph(graph, target: Target, search=None, search_dims=None, seed: in
         kernels, fusions, fixed = search_module.search_fusion(target, lowering, kernels, opts)
         choices = search_module.search_program(target, kernels, opts, fixed)
     started = time.perf_counter()
-    built = target.build(kernels, {name: [c.schedule for c in per] for name, per in choices.items()},
-                         list(opts.buckets) if opts else [])
+    built = target.build(kernels, {name: [c.schedule for c in per] for name, per in choices.items()})
     return Compiled(target, kernels, lifetimes(kernels), built, time.perf_counter() - started, opts, choices, fusions)

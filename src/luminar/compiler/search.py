@@ -28,7 +28,7 @@ whose values it reads, and the built program runs each kernel with the schedule 
 nearest its run-time dims. Fusion is decided once, at the largest bucket.
 
 Before the schedules, the fusion choice (search_fusion). Each softmax region the lowering would
-give a buffer (compiler/online.py) is an e-graph term ``Read.stored(node)``: how its consumer gets
+give a buffer (compiler/online.py) is an e-graph term ``Read("stored", node)``: how its consumer gets
 its value. The fuse ruleset grows the other forms, each rule guarded by a fact: fuse (stored ->
 inlined, where inlining is legal), un-fuse (inlined -> stored) and the online-softmax recurrence
 (inlined -> online, where the consumer's weighted sum of exponentials matches online_plan). The
@@ -45,6 +45,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import os
 import sys
 import tempfile
@@ -60,7 +61,6 @@ from .analysis import value_at, work
 from .kernels import Kernel, KernelProgram, canonical_form, depends_on, loads
 from .target import CompilerError, Target, cache_dir
 
-SEARCH_VERSION = 2  # part of every tuning-cache key: bump when the cache's format changes
 DEFAULT_BUDGET_S = 30.0  # search=True: seconds for the whole compile's search
 DEFAULT_DIM = 128  # a symbolic dim's value in the shape bucket searched, unless search_dims says
 MIN_WORK = 1 << 16  # kernels with fewer inner iterations than this keep the default (not worth timing)
@@ -76,11 +76,7 @@ class SearchOptions:
     budget_s: float
     buckets: tuple  # dim values searched: one dict per bucket, the largest (prefill) last
     seed: int
-
-    @property
-    def dims(self) -> dict:
-        """The largest bucket: where fusion is decided."""
-        return self.buckets[-1]
+    dims: dict  # the largest bucket: where fusion is decided
 
 
 def options(search=None, search_dims=None, seed=0, dims=()) -> SearchOptions | None:
@@ -112,7 +108,14 @@ def options(search=None, search_dims=None, seed=0, dims=()) -> SearchOptions | N
                                  f"non-empty list of them")
         values[name] = sorted({int(v) for v in given})
     buckets = tuple(dict(zip(values, combo)) for combo in itertools.product(*values.values()))
-    return None if budget is None else SearchOptions(budget, buckets, int(seed))
+    return None if budget is None else SearchOptions(budget, buckets, int(seed), buckets[-1])
+
+
+def nearest_bucket(opts: SearchOptions | None, env: dict) -> int:
+    """The index of the bucket nearest these dim values: the smallest sum of |log2(dim / bucket
+    value)| (the first of equals; 0 without search)."""
+    distance = lambda k: sum(abs(math.log2(env[d] / v)) for d, v in opts.buckets[k].items())  # noqa: E731
+    return min(range(len(opts.buckets)), key=distance) if opts and len(opts.buckets) > 1 else 0
 
 
 def fingerprint(program: KernelProgram, kernel: Kernel) -> str:
@@ -174,32 +177,24 @@ def language() -> Language:
         def loop(cls, dim: StringLike, span: i64Like, step: i64Like, kind: StringLike, inner: Nest) -> Nest: ...  # noqa: F821
 
         @classmethod
-        def pack(cls, inner: Nest) -> Nest: ...  # noqa: F821 - panels copied into a local buffer here
-
-        @classmethod
-        def pack_rows(cls, inner: Nest) -> Nest: ...  # noqa: F821 - row operands computed into a buffer first
+        def mark(cls, what: StringLike, inner: Nest) -> Nest: ...  # noqa: F821 - a Mark (PACK, PACK_ROWS) here
 
     class Root(Expr):
         def __init__(self, nest: Nest) -> None: ...
 
-    class Read(Expr):  # how a consumer kernel gets a fusion region's value (the region by graph node id)
-        @classmethod
-        def stored(cls, node: i64Like) -> Read: ...  # noqa: F821 - the region's own kernels write a buffer
-
-        @classmethod
-        def inlined(cls, node: i64Like) -> Read: ...  # noqa: F821 - computed inside the consumer's loops
-
-        @classmethod
-        def online(cls, node: i64Like) -> Read: ...  # noqa: F821 - inlined, the consumer's weighted sum as
-        #                                               the online-softmax recurrence (compiler/online.py)
+    # How a consumer kernel gets a fusion region's value (the region by graph node id), in `form`:
+    # "stored" (the region's own kernels write a buffer), "inlined" (computed inside the consumer's
+    # loops) or "online" (inlined, the consumer's weighted sum as the online-softmax recurrence).
+    class Read(Expr):
+        def __init__(self, form: StringLike, node: i64Like) -> None: ...
 
     facts = {"fusable": relation("fusable", i64), "online_form": relation("online_form", i64)}
     node = var("node", i64)
     fuse = ruleset(
-        rewrite(Read.stored(node)).to(Read.inlined(node), facts["fusable"](node)),  # fuse into the consumer
-        rewrite(Read.inlined(node)).to(Read.stored(node)),  # un-fuse: always legal
+        rewrite(Read("stored", node)).to(Read("inlined", node), facts["fusable"](node)),  # fuse into the consumer
+        rewrite(Read("inlined", node)).to(Read("stored", node)),  # un-fuse: always legal
         # max-reduce / exp / sum-reduce weighting a sum -> running max with a rescaled running sum
-        rewrite(Read.inlined(node)).to(Read.online(node), facts["online_form"](node)),
+        rewrite(Read("inlined", node)).to(Read("online", node), facts["online_form"](node)),
         name="fuse")
     return Language(Nest, Root, Read, fuse, facts)
 
@@ -248,8 +243,8 @@ def sample(egraph, count: int, seed: int, viable, complete) -> list[tuple]:
                 dim, span, step, how, inner = row.inputs
                 node = (Loop(raw.value_to_string(dim), raw.value_to_i64(span), raw.value_to_i64(step),
                              raw.value_to_string(how)), inner)
-            elif kind in ("pack", "rows"):
-                node = (PACK if kind == "pack" else PACK_ROWS, row.inputs[0])
+            elif kind == "mark":
+                node = (Mark(raw.value_to_string(row.inputs[0])), row.inputs[1])
             elif kind == "body":
                 node = ("body", None)
             elif kind == "root":
@@ -335,7 +330,7 @@ def code_version(target: Target) -> str:
 
 
 def tuning_key(target: Target, fp: str, bucket: dict, seed: int) -> str:
-    text = json.dumps([SEARCH_VERSION, target.name, code_version(target), fp, sorted(bucket.items()), seed,
+    text = json.dumps([target.name, code_version(target), fp, sorted(bucket.items()), seed,
                        target.machine()])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -487,11 +482,11 @@ def fusion_forms(facts: dict[int, set]) -> dict[int, list[str]]:
     matches online_plan). Each region's e-class then holds its forms, one e-node each."""
     lang = language()
     from egglog import EGraph
-    egraph, reads = EGraph(), {node: lang.Read.stored(node) for node in facts}
+    egraph, reads = EGraph(), {node: lang.Read("stored", node) for node in facts}
     for node, known in facts.items():
         egraph.register(reads[node], *[lang.fusion_facts[name](node) for name in sorted(known)])
     egraph.run(lang.fuse.saturate())
-    return {node: sorted(str(t).split("(")[0].rsplit(".", 1)[-1] for t in egraph.extract_multiple(read, 4))
+    return {node: sorted(str(t).split('"')[1] for t in egraph.extract_multiple(read, 4))  # Read("form", node)
             for node, read in reads.items()}
 
 

@@ -19,6 +19,7 @@ nothing under compiler/, changes.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -86,9 +87,10 @@ class Target:
         """Run `kernels` in order with their default schedules over `arrays` (buffer id -> array,
         every buffer they touch); returns nothing, the arrays hold the results."""
 
-    def build(self, program, schedules: dict, buckets: list[dict]):
-        """The program rendered with `schedules` (kernel name -> one schedule per bucket) and made
-        runnable (a loaded library for the cpu target)."""
+    def build(self, program, schedules: dict):
+        """The program rendered with `schedules` (kernel name -> one schedule per shape bucket; a
+        call runs the bucket's that search.nearest_bucket picks for its dims) and made runnable
+        (a loaded library for the cpu target)."""
 
     # -- identity
     def machine(self) -> str:
@@ -97,7 +99,4 @@ class Target:
     def sources(self) -> list[Path]:
         """The target's code: every Python file of its package. A change to any of them (a new
         candidate, a faster micro-kernel) invalidates the tuning cache's decisions."""
-        import importlib
-        module = importlib.import_module(self.package)
-        root = Path(module.__file__).parent if module.__file__.endswith("__init__.py") else Path(module.__file__)
-        return sorted(root.rglob("*.py")) if root.is_dir() else [root]
+        return sorted(Path(importlib.import_module(self.package).__file__).parent.rglob("*.py"))

@@ -29,7 +29,7 @@ SAMPLE_S = 0.002  # a timing sample repeats the call until it lasts about this l
 class Bench:
     """Variants of one kernel compiled together (two translation units built concurrently) and run
     on random inputs sized for concrete dims, plus the oracle: the kernel's plain loop body
-    evaluated at chosen output positions (cpu.render_oracle), which any output size affords."""
+    evaluated at chosen output positions (render.render_oracle), which any output size affords."""
 
     def __init__(self, program, kernel, schedules: list, env: dict, seed: int):
         self.kernel, self.env, self.schedules, self.seed = kernel, env, list(schedules), seed
@@ -46,12 +46,6 @@ class Bench:
         self.pointers = (ctypes.c_void_p * len(program.buffers))()
         for b, arr in self.arrays.items():
             self.pointers[b] = arr.ctypes.data
-
-    def output(self, k: int) -> np.ndarray:
-        out = self.arrays[self.kernel.out]
-        out.fill(np.nan)  # an element a variant fails to write shows up as a mismatch
-        self.calls[k](self.pointers, self.dims)
-        return out.copy()
 
     def validate(self, expected: np.ndarray | None = None) -> list[bool]:
         """Whether each variant is right: its output matches the oracle at sampled positions (all
@@ -72,7 +66,9 @@ class Bench:
         close = lambda a, b: bool(np.isclose(a, b, rtol=RTOL, atol=atol, equal_nan=True).all())  # noqa: E731
         reference, ok = None, []
         for k in range(len(self.schedules)):
-            out = self.output(k)
+            self.arrays[self.kernel.out].fill(np.nan)  # an element a variant fails to write shows up as a mismatch
+            self.calls[k](self.pointers, self.dims)
+            out = self.arrays[self.kernel.out].copy()
             good = close(out[which], truth) and (reference is None or close(out, reference))
             reference = out if k == 0 and good else reference
             ok.append(good)

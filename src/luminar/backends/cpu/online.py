@@ -38,13 +38,14 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     """The body of the kernel's C function (see the module doc): blocks of `ti` query rows (a
     multiple of 4) x `tj` keys (a multiple of 16); micro-kernels take 4 rows at a time, then
     single rows (a decode step's one query row costs one row, not four)."""
+    from . import cc
     from .render import _Emitter, render_float
     from .schedules import PARALLEL_MIN_WORK
     *batch, i, d = kernel.loop_vars
     j, k = plan.total.var.name, plan.dot.var.name
     M, N = kernel.shape[-2].render_c(), plan.total.extent.render_c()
     D, K = kernel.shape[-1].value, plan.dot.extent.value
-    nv, c = tj // 16, render_float(plan.scale)
+    nv, dv, c = tj // cc.VECTOR_LANES, D // cc.VECTOR_LANES, render_float(plan.scale)  # vectors per block row
     vmax = PRIMITIVES["max_reduce"].c  # NaN-propagating, as the max_reduce it replaces
 
     count = [0]  # C names stay unique across the emitters of one function
@@ -57,8 +58,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
         return ([indent + declare] if declare else []) + em.lines, value
 
     work = numel(kernel.shape[:-1]) * plan.total.extent * (D + K)
-    out = ["    typedef float lm_v16 __attribute__((vector_size(64)));",
-           f"    #pragma omp parallel for collapse({len(batch) + 1}) schedule(dynamic) "
+    out = [f"    #pragma omp parallel for collapse({len(batch) + 1}) schedule(dynamic) "
            f"if(({work.render_c()}) >= {PARALLEL_MIN_WORK})"]
     out += [f"    for (long long {v.name} = 0; {v.name} < {n.render_c()}; {v.name}++)" for v, n in zip(batch, kernel.shape)]
     clamp_i = f"const long long {i.name} = lm_i0 + lm_ii < {M} ? lm_i0 + lm_ii : {M} - 1;"
@@ -118,16 +118,16 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     out += lines + [f"            lm_vp[lm_jj][{d.name}] = {value};", "          }", "        }",
                     "        if (!lm_dotless && lm_nr >= 4) {", "        int lm_ii = 0;"]
     for rows, step in ((4, "lm_ii + 4 <= lm_nr; lm_ii += 4"), (1, "lm_ii < lm_nr; lm_ii++")):  # fours, then single rows
-        out += [f"        for (; {step}) {{", f"          lm_v16 lm_c[{rows}][{nv}];",
+        out += [f"        for (; {step}) {{", f"          lm_vec lm_c[{rows}][{nv}];",
                 f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {nv}; lm_v++) "
-                f"lm_c[lm_r][lm_v] = (lm_v16){{0}};",
+                f"lm_c[lm_r][lm_v] = (lm_vec){{0}};",
                 f"          for (long long lm_kk = 0; lm_kk < {K}; lm_kk++) {{",
-                "            const lm_v16 *restrict lm_kv = (const lm_v16 *)lm_kt[lm_kk];",
+                "            const lm_vec *restrict lm_kv = (const lm_vec *)lm_kt[lm_kk];",
                 f"            #pragma GCC unroll {rows}", f"            for (int lm_r = 0; lm_r < {rows}; lm_r++)",
                 f"              #pragma GCC unroll {nv}",
                 f"              for (int lm_v = 0; lm_v < {nv}; lm_v++) lm_c[lm_r][lm_v] += lm_qp[lm_ii + lm_r][lm_kk] * lm_kv[lm_v];",
                 "          }", f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {nv}; lm_v++) "
-                "((lm_v16 *)lm_s[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
+                "((lm_vec *)lm_s[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
     out += ["        }"]
     # -- the online update of each row
     out += [f"        for (int lm_ii = 0; lm_ii < lm_nr; lm_ii++) {{", f"          {clamp_i}", "          float lm_top = -INFINITY;",
@@ -148,18 +148,18 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
                     "        {", "        int lm_ii = 0;"]
     for rows, step in ((4, "lm_ii + 4 <= lm_nr; lm_ii += 4"), (1, "lm_ii < lm_nr; lm_ii++")):  # acc = acc * alpha + p @ vp
         live = " | ".join(f"lm_live[lm_ii + {r}]" for r in range(rows))
-        out += [f"        for (; {step}) {{", f"          if (!({live})) continue;", f"          lm_v16 lm_c[{rows}][{D // 16}];",
-                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {D // 16}; lm_v++) "
-                f"lm_c[lm_r][lm_v] = ((lm_v16 *)lm_acc[lm_ii + lm_r])[lm_v] * lm_alpha[lm_ii + lm_r];",
+        out += [f"        for (; {step}) {{", f"          if (!({live})) continue;", f"          lm_vec lm_c[{rows}][{dv}];",
+                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {dv}; lm_v++) "
+                f"lm_c[lm_r][lm_v] = ((lm_vec *)lm_acc[lm_ii + lm_r])[lm_v] * lm_alpha[lm_ii + lm_r];",
                 f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{",
-                "            const lm_v16 *restrict lm_vv = (const lm_v16 *)lm_vp[lm_jj];",
+                "            const lm_vec *restrict lm_vv = (const lm_vec *)lm_vp[lm_jj];",
                 f"            #pragma GCC unroll {rows}", f"            for (int lm_r = 0; lm_r < {rows}; lm_r++) {{",
                 "              const float lm_w = lm_live[lm_ii + lm_r] ? lm_p[lm_ii + lm_r][lm_jj] : 0.0f;",
-                f"              #pragma GCC unroll {D // 16}",
-                f"              for (int lm_v = 0; lm_v < {D // 16}; lm_v++) lm_c[lm_r][lm_v] += lm_w * lm_vv[lm_v];",
+                f"              #pragma GCC unroll {dv}",
+                f"              for (int lm_v = 0; lm_v < {dv}; lm_v++) lm_c[lm_r][lm_v] += lm_w * lm_vv[lm_v];",
                 "            }", "          }",
-                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {D // 16}; lm_v++) "
-                "((lm_v16 *)lm_acc[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
+                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {dv}; lm_v++) "
+                "((lm_vec *)lm_acc[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
     out += ["        }", "      }"]
     # -- epilogue: the kernel's value with the sum, its row max and row sum read from the accumulators
     names = {plan.total: "lm_total", plan.maximum: "lm_m[lm_ii]"}

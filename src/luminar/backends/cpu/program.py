@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from ...compiler import pipeline
+from ...compiler.search import nearest_bucket
 from ...compiler.memory import ALIGN, MemoryPlan, plan_memory
-from ...errors import UnsupportedError
 from ...program import Program
 from . import cc
 
@@ -69,19 +69,17 @@ class ThreadChooser:
 class CPUProgram(Program):
     """A graph compiled to one shared object; calling it runs every kernel in one C call.
 
-    LUMINAR_DEBUG=1 prints each call's per-kernel times, 2 also the generated C at compile
-    time, 3 also the kernel IR.
+    LUMINAR_DEBUG=1 prints each call's per-kernel times. `source` is the generated C, `kernels`
+    the kernel IR. Memory plans are kept per dims rounded up to powers of two, so their number
+    stays small (a growing KV cache adds one each time it doubles).
     """
     backend = "cpu"
-    MAX_PLANS = 64  # memory plans kept for distinct dim values (a growing KV cache makes many)
 
-    def __init__(self, graph, search=None, search_dims=None, seed=0, target=None, **options):
+    def __init__(self, graph, search=None, search_dims=None, seed=0, target=None):
         """Options: `search`, `search_dims`, `seed` (see compiler/pipeline.compile_graph); `target`
-        a CPUTarget (default: the machine's; a variant with another schedule space also serves)."""
+        a CPUTarget (default: the machine's; a variant with another schedule space also serves).
+        Graph.compile refuses any other option."""
         super().__init__(graph)
-        if options:
-            raise UnsupportedError(f"cpu backend: unknown options {sorted(options)}; "
-                                   f"known: search, search_dims, seed, target")
         from .target import CPU
         self.debug = int(os.environ.get("LUMINAR_DEBUG", "0") or 0)
         self.compiled = pipeline.compile_graph(graph, target or CPU, search, search_dims, seed)
@@ -98,11 +96,6 @@ class CPUProgram(Program):
         self._pointers: dict[int, ctypes.Array] = {}  # id(memory plan) -> the buffers' addresses
         self._addresses: dict[str, tuple] = {}  # input name -> (the array last passed, its address)
         self._outputs: dict[str, np.ndarray] = {}  # output name -> the array the last call returned
-        if self.debug >= 3:
-            for k in self.kernels.kernels:
-                print(f"[luminar] IR {k.name} {k.shape}: {k.value}", file=sys.stderr)
-        if self.debug >= 2:
-            print(self.source, file=sys.stderr)
         if self.debug >= 1:
             print(f"[luminar] cpu: {len(self.kernels.kernels)} kernels, shared object ready in "
                   f"{self.compile_seconds * 1e3:.0f} ms", file=sys.stderr)
@@ -118,10 +111,7 @@ class CPUProgram(Program):
         so a growing KV cache re-plans only when it doubles; `exact` plans for the values given."""
         bucket = dict(env) if exact else {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()}
         key = (exact, *(bucket.get(d, 0) for d in self.kernels.dims))
-        if key not in self._plans:
-            if len(self._plans) >= self.MAX_PLANS:
-                self._plans.clear()
-                self._pointers.clear()  # (keyed by id: a new plan may reuse a freed one's)
+        if key not in self._plans:  # (never dropped: the buffers' addresses are cached by id(plan))
             self._plans[key] = plan_memory(self.kernels, bucket, life=self.compiled.lifetimes)
         return self._plans[key]
 
@@ -153,7 +143,7 @@ class CPUProgram(Program):
             reuse = last is not None and last.shape == shape and sys.getrefcount(last) == 3
             results[name] = self._outputs[name] = last if reuse else np.empty(shape, np.float32)
             pointers[buf] = results[name].ctypes.data
-        dims = (ctypes.c_longlong * max(len(kp.dims), 1))(*[env[d] for d in kp.dims])
+        dims = (ctypes.c_longlong * (len(kp.dims) + 1))(*[env[d] for d in kp.dims], nearest_bucket(self.search, env))
         if self.debug >= 1:
             self._profile(pointers, dims)
         else:

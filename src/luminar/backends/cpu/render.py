@@ -22,6 +22,7 @@ from ...compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, I
 from ...compiler.online import online_plan
 from ...ops import PRIMITIVES
 from ...symbolic import C_HELPERS, sym
+from . import cc
 from .online import render_online
 from .schedules import PARALLEL_MIN_WORK, Loops, Online, Schedule, Tiled, default_loops, default_schedule
 
@@ -40,6 +41,7 @@ PRELUDE = f"""\
    found no maximum: 0/0). */
 extern float exp2f(float) __attribute__((simd("notinbranch")));
 extern float sinf(float) __attribute__((simd("notinbranch")));
+typedef float lm_vec __attribute__((vector_size({4 * cc.VECTOR_LANES})));  /* one SIMD register of floats */
 static inline float lm_bf16(unsigned short b) {{ union {{ uint32_t u; float f; }} v = {{ (uint32_t)b << 16 }}; return v.f; }}
 /* exp2 as inline arithmetic rather than libmvec's exp2f: that one takes a slow per-lane path for
    results outside the normal floats (masked attention scores below -126 made a causal softmax
@@ -408,13 +410,8 @@ def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
 def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | None = None) -> str:
     """One C function computing `kernel` over its whole output, as `schedule` says (default: the rules')."""
     schedule = schedule or default_schedule(kernel)
-    used = sorted({load.buffer for load in loads(kernel.value)} | {kernel.out})
     lines = [f"static void {kernel.name}(void **restrict bufs, const long long *restrict dims) {{"]
-    lines += [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
-    for b in used:
-        ctype = C_TYPES[program.buffers[b].dtype]
-        const = "" if b == kernel.out else "const "
-        lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
+    lines += _arguments(program, kernel, kernel.out)
     plan = plan_tiles(kernel) if isinstance(schedule, Tiled) else None
     if isinstance(schedule, Online):
         lines += render_online(program, kernel, online_plan(kernel), schedule.rows, schedule.keys)
@@ -428,6 +425,16 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
     else:
         lines += render_tiled(program, kernel, plan, schedule)
     return "\n".join(lines + ["}"])
+
+
+def _arguments(program: KernelProgram, kernel: Kernel, out: int | None) -> list[str]:
+    """C declarations of the dims and of the buffers the kernel reads (and writes: `out`), taken
+    from a kernel function's arguments."""
+    lines = [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
+    for b in sorted({load.buffer for load in loads(kernel.value)} | ({out} - {None})):
+        ctype, const = C_TYPES[program.buffers[b].dtype], "" if b == out else "const "
+        lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
+    return lines
 
 
 def render_loops(program: KernelProgram, kernel: Kernel, schedule: Loops) -> list[str]:
@@ -497,11 +504,8 @@ def render_oracle(program: KernelProgram, kernel: Kernel) -> str:
     """`lm_oracle(bufs, dims, which, count, out)`: the kernel's value at `count` flat output
     positions `which`, each computed on its own by the plain loop body (no tiling, no threads) --
     the semantics search candidates are checked against, affordable for any output size."""
-    used = sorted({load.buffer for load in loads(kernel.value)})
     lines = ["void lm_oracle(void **restrict bufs, const long long *restrict dims, const long long *restrict which, "
-             "long long count, float *restrict out) {"]
-    lines += [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
-    lines += [f"    const {C_TYPES[program.buffers[b].dtype]} *restrict b{b} = bufs[{b}];" for b in used]
+             "long long count, float *restrict out) {"] + _arguments(program, kernel, None)
     lines += ["    for (long long n = 0; n < count; n++) {", "        long long flat = which[n]; (void)flat;"]
     for var, extent in reversed(list(zip(kernel.loop_vars, kernel.shape))):
         lines.append(f"        const long long {var.name} = flat % ({extent.render_c()}); flat /= ({extent.render_c()});")
@@ -527,9 +531,7 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Tile
     batch = list(zip(kernel.loop_vars[:-2 if i is not None else -1], kernel.shape))
     vec = vector_body(plan) if s.vector and tj % 16 == 0 else None
     npan = len(plan.panels)
-    threaded = [b for b in s.blocks if b.threaded]  # (a prefix: Tiled checks)
-    if not s.packs_in_order(bool(plan.panels)):
-        raise ValueError(f"tile order {s.order!r}: the panels must be packed once, after the column blocks")
+    threaded = [b for b in s.blocks if b.threaded]  # (a prefix: Tiled checks; packs_in_order, the pack's place)
     header = {"j": f"for (long long j0 = 0; j0 < {N}; j0 += {tj})", "i": f"for (long long ic = 0; ic < {M}; ic += {mc})"}
 
     def clamp(var, base, offset, extent, tile):
@@ -663,16 +665,15 @@ def _generic_tile(program, plan, prim, ti, tj, r, K, pan_at, row_clamp, col_clam
 
 
 def _vector_tile(program, plan, vec, ti, tj, r, K, row_clamp, row_names) -> list[str]:
-    """The micro-kernel for row x panel products: ti x tj/16 vector accumulators that stay in
-    registers, each step one broadcast row value times tj/16 panel vectors (fused multiply-adds)."""
+    """The micro-kernel for row x panel products: ti x tj/lanes vector accumulators that stay in
+    registers, each step one broadcast row value times tj/lanes panel vectors (fused multiply-adds)."""
     row, _ = vec
-    nv = tj // 16
-    out = ["        typedef float lm_v16 __attribute__((vector_size(64)));",
-           f"        lm_v16 acc[{ti}][{nv}];",
+    nv = tj // cc.VECTOR_LANES
+    out = [f"        lm_vec acc[{ti}][{nv}];",
            f"        #pragma GCC unroll {ti * nv}",
-           f"        for (int q = 0; q < {ti * nv}; q++) acc[q / {nv}][q % {nv}] = (lm_v16){{0}};",
+           f"        for (int q = 0; q < {ti * nv}; q++) acc[q / {nv}][q % {nv}] = (lm_vec){{0}};",
            f"        for (long long {r} = 0; {r} < {K}; {r}++) {{",
-           f"          const lm_v16 *restrict pv = (const lm_v16 *)&pan[{r} * {tj}];",
+           f"          const lm_vec *restrict pv = (const lm_vec *)&pan[{r} * {tj}];",
            f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{"]
     if row_clamp:
         out.append(f"            {row_clamp}")
@@ -722,11 +723,11 @@ def _deps_outside(e, named: dict) -> frozenset:
     return depends_on(e)
 
 
-def render_program(program: KernelProgram, schedules: dict | None = None, buckets: list[dict] = ()) -> str:
+def render_program(program: KernelProgram, schedules: dict | None = None) -> str:
     """All kernels plus two entry points: lm_run, and lm_run_profiled that also times each kernel.
-    `schedules` maps a kernel's name to its Schedule, or to a list of them, one per shape bucket
-    in `buckets` (dim values): a call then runs each kernel with the schedule of the bucket
-    nearest its dims (missing: the default rules).
+    `schedules` maps a kernel's name to its schedule, or to a list of them, one per shape bucket:
+    a call runs each kernel with the schedule of the bucket its caller names after the dims
+    (the one nearest them, search.nearest_bucket); missing: the default rules.
 
     Kernels equal up to the buffers they touch (canonical_form) share one C function, called with
     their own buffers: a model's repeated layers are compiled once, which keeps the source and
@@ -749,26 +750,13 @@ def render_program(program: KernelProgram, schedules: dict | None = None, bucket
             "(" + " : ".join([f"lm_bucket == {k} ? {name}" for k, name in enumerate(names[:-1])] + [names[-1]]) + ")"
         args = ", ".join(f"bufs[{b}]" for b in ids)
         calls.append(f"{{ void *args[] = {{{args}}}; {function}(args, dims); }} /* {kernel.name} */")
-    parts.append(_nearest_bucket(program, buckets))
     timed = "\n".join(f"    t = omp_get_wtime(); {call} seconds[{i}] = omp_get_wtime() - t;"
                       for i, call in enumerate(calls))
     calls = "\n".join(f"    {call}" for call in calls)
-    start = "    const int lm_bucket = lm_nearest_bucket(dims); (void)lm_bucket;\n"
+    start = f"    const long long lm_bucket = dims[{len(program.dims)}]; (void)lm_bucket;\n"  # (search.nearest_bucket)
     parts.append(f"void lm_run(void **bufs, const long long *dims) {{\n{start}{calls}\n}}\n")
     parts.append(f"void lm_run_profiled(void **bufs, const long long *dims, double *seconds) {{\n"
                  f"    double t; (void)t;\n{start}{timed}\n}}\n")
     return "\n\n".join(parts)
-
-
-def _nearest_bucket(program: KernelProgram, buckets: list[dict]) -> str:
-    """`lm_nearest_bucket(dims)`: the index of the shape bucket nearest the call's dims (the sum
-    of |log2(dim / bucket value)| over the bucketed dims; the first of equals)."""
-    lines = ["static int lm_nearest_bucket(const long long *dims) {", "    (void)dims; double best = INFINITY;",
-             "    int which = 0;"]
-    for k, bucket in enumerate(buckets if len(buckets) > 1 else ()):
-        distance = " + ".join(f"fabs(log2((double)dims[{program.dims.index(d)}] / {v}.0))"
-                              for d, v in sorted(bucket.items()) if d in program.dims) or "0.0"
-        lines.append(f"    {{ const double d = {distance}; if (d < best) {{ best = d; which = {k}; }} }}")
-    return "\n".join(lines + ["    return which;", "}"])
 
 

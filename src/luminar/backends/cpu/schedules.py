@@ -7,21 +7,24 @@ search (compiler/search.py, through space.py) proposes others and keeps the fast
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import ClassVar, NamedTuple
 
 from ...compiler.analysis import packable_rows, plan_tiles, row_values, stride, vector_body
 from ...compiler.kernels import Kernel, Reduce, loads, walk
 from ...compiler.online import online_plan
 from ...symbolic import Expr, sym
+from .cc import VECTOR_LANES
 
 # below this many inner iterations (analysis.work) threads cost more than they save: a fork/join
 # of the (spinning) OpenMP team is ~1-2 µs; 1 << 15 threads the 576x192 k/v projections of a
 # small-model decode step (+~10% tok/s over 1 << 18 on SmolLM2-135M, 2 threads). The renderer's
 # `if` clauses and the search's cost model both use it.
 PARALLEL_MIN_WORK = 1 << 15
-TILE_ROWS, TILE_COLS, ROW_CHUNK = 8, 32, 64  # the default register tile and row block
-ONLINE_ROWS, ONLINE_KEYS = 64, 64  # an online-softmax kernel's default block of query rows x keys (with 128 x 64,
-#                                    the fastest of the search's candidates for 8 heads x 64, seq 1024-4096)
+# the default register tile (16 vector accumulators with AVX-512, 12 with AVX2's 16 registers) and row block
+TILE_ROWS, TILE_COLS, ROW_CHUNK = (8, 32, 64) if VECTOR_LANES == 16 else (6, 16, 64)
+ONLINE_ROWS, ONLINE_KEYS = 64, 4 * VECTOR_LANES  # an online-softmax kernel's default block of query rows x keys
+#                            (with AVX-512 128 x 64 was the fastest candidate for 8 heads x 64, seq 1024-4096)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class Tiled:
             raise ValueError(f"invalid tile order {self.order!r}: want i and j once each, at most one p, "
                              f"the threaded (capital) loops first")
 
-    @property
+    @cached_property
     def blocks(self) -> list[Block]:
         return [Block(c.lower(), c.isupper()) for c in self.order]
 
@@ -120,8 +123,7 @@ def to_json(schedule: Schedule) -> dict:
 
 
 def from_json(data: dict) -> Schedule:
-    fields = dict(data)
-    return KINDS[fields.pop("kind")](**fields)
+    return KINDS[data["kind"]](**{name: value for name, value in data.items() if name != "kind"})
 
 
 def default_loops(kernel: Kernel) -> Loops:

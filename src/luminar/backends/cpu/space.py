@@ -1,7 +1,7 @@
 """The CPU target's schedule space: what the search may do to a kernel's loop nest here.
 
 The nest language is the search's (compiler/search.py: ``loop(dim, span, step, kind, inner)``,
-``pack``, ``pack_rows``, ``body``); this module gives it meaning for C on a CPU. Facts about a
+``mark(what, inner)``, ``body``); this module gives it meaning for C on a CPU. Facts about a
 kernel (extents, tile factors from SIMD widths and divisors, unit strides, which dims may be
 tiled, whether operands can be packed) guard small local rewrite rules, run in stages:
 
@@ -23,13 +23,17 @@ import dataclasses
 from ...compiler.analysis import packable_rows, plan_tiles, single_reduce, stride, value_at, vector_body, work
 from ...compiler.kernels import Apply, Gather, Kernel, KernelProgram, Reduce, loads, numel, walk
 from ...compiler.search import PACK, PACK_ROWS, Loop, Space
-from .schedules import PARALLEL_MIN_WORK, Loops, Tiled, default_schedule
+from .cc import REGISTERS, VECTOR_LANES
+from .schedules import ONLINE_KEYS, ONLINE_ROWS, PARALLEL_MIN_WORK, Loops, Online, Tiled, default_schedule
 
 
-def space(kernel: Kernel, env: dict) -> Space:
+def space(kernel: Kernel, env: dict) -> Space | None:
     """Dims are the kernel's loop variables plus "r" for its reduction (when it has exactly one).
     Tile factors come from SIMD widths (columns: multiples of 16 floats), register-tile heights,
-    cache-sized row and reduction blocks, and lane counts for split reductions."""
+    cache-sized row blocks, and lane counts for split reductions. None for an online-softmax
+    kernel: its block sizes are chosen with its fusion (search.search_fusion)."""
+    if isinstance(default_schedule(kernel), Online):
+        return None
     names = [v.name for v in kernel.loop_vars]
     extents = [value_at(x, env) for x in kernel.shape]
     nest = [Loop(n, x, 1, "s") for n, x in zip(names, extents)]
@@ -158,7 +162,7 @@ def _tiled_schedule(nest, kernel, plan, default):
         order += letter.upper() if it.kind == "par" else letter
     order += "" if i is not None else "i"  # one row: the renderer's row loop runs once
     vector = tail[-1].kind == "vec" and tj % 16 == 0 and vector_body(plan) is not None
-    if ti > 16 or tj > 64 or vector and ti * tj // 16 > 28:
+    if ti > 16 or tj > 64 or vector and ti * tj // VECTOR_LANES > REGISTERS - 4:  # (accumulators in registers)
         return None
     try:
         tiled = Tiled(ti=ti, tj=tj, mc=mc, order=order, vector=vector,
@@ -253,9 +257,9 @@ def rules(language):
             Root(L("r", sp, st, "s", L(e, sp2, st2, "par", x))), fact["spatial"](e), st > 1),
         rewrite(L(d, sp, st, "par", L(e, sp2, st2, "s", x))).to(L(d, sp, st, "par", L(e, sp2, st2, "par", x)),
                                                                 fact["spatial"](e)),
-        rewrite(L(d, sp, st, k, L(e, sp2, st2, k2, x))).to(L(d, sp, st, k, Nest.pack(L(e, sp2, st2, k2, x))),
+        rewrite(L(d, sp, st, k, L(e, sp2, st2, k2, x))).to(L(d, sp, st, k, Nest.mark(PACK.what, L(e, sp2, st2, k2, x))),
                                                            fact["packable"](), st > 1),
-        rewrite(Root(L(d, sp, st, k, x))).to(Root(Nest.pack_rows(L(d, sp, st, k, x))), fact["rows_packable"]()),
+        rewrite(Root(L(d, sp, st, k, x))).to(Root(Nest.mark(PACK_ROWS.what, L(d, sp, st, k, x))), fact["rows_packable"]()),
         name="annotate")
     return fact, [tile, order, annotate]
 
@@ -266,3 +270,13 @@ def family(schedule: Loops | Tiled):
     if isinstance(schedule, Loops):
         return (schedule.kind, schedule.lanes)
     return (schedule.kind, schedule.ti, schedule.tj, schedule.order.lower(), schedule.vector)
+
+
+# the online form's blocks of (query rows, keys) timed
+ONLINE_TILES = ((ONLINE_ROWS, ONLINE_KEYS), (128, ONLINE_KEYS), (32, ONLINE_KEYS), (ONLINE_ROWS, ONLINE_KEYS // 2))
+
+
+def fused_schedules(kernel: Kernel, forms: list[str], env: dict) -> tuple[list, list]:
+    """The online form's block sizes (and nothing pruned). The inlined form is not timed here: its
+    plain loops compute the region's values once per output column (every weight once per column of V)."""
+    return [Online(rows, keys) for rows, keys in ONLINE_TILES] * ("online" in forms), []

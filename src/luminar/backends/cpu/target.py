@@ -33,28 +33,16 @@ class CPUTarget(Target):
 
     default_schedule = staticmethod(schedules.default_schedule)
     schedule_to_json, schedule_from_json = staticmethod(schedules.to_json), staticmethod(schedules.from_json)
-    rules, family = staticmethod(space.rules), staticmethod(space.family)
-    viable, to_schedule = staticmethod(space.viable), staticmethod(space.to_schedule)
+    rules, family, fused_schedules = staticmethod(space.rules), staticmethod(space.family), staticmethod(space.fused_schedules)
+    # (last: from here on `space` in this class body is the method, not the module)
+    space, viable, to_schedule = staticmethod(space.space), staticmethod(space.viable), staticmethod(space.to_schedule)
     bench, run_chain = staticmethod(bench.Bench), staticmethod(bench.run_chain)
-
-    def space(self, kernel, env: dict) -> Space | None:
-        if isinstance(self.default_schedule(kernel), schedules.Online):
-            return None  # (its block sizes are chosen by search_fusion)
-        return space.space(kernel, env)
 
     def estimate(self, program, kernel, schedule, env: dict) -> float:
         return space.estimate(program, kernel, schedule, env, self.threads)
 
-    # the online form's blocks of (query rows, keys) timed
-    ONLINE_TILES = ((schedules.ONLINE_ROWS, schedules.ONLINE_KEYS), (128, 64), (32, 64), (64, 32))
-
-    def fused_schedules(self, kernel, forms: list[str], env: dict) -> tuple[list, list]:
-        """The online form's block sizes. The inlined form is not timed here: its plain loops
-        compute the region's values once per output column (every weight once per column of V)."""
-        pruned = [["inlined: plain loops", None, "not timed (recomputes the region per output column)"]] * ("inlined" in forms)
-        return [schedules.Online(rows, keys) for rows, keys in self.ONLINE_TILES] * ("online" in forms), pruned
-    def build(self, program, chosen: dict, buckets: list[dict]) -> Built:
-        source = render_program(program, chosen, buckets)
+    def build(self, program, chosen: dict) -> Built:
+        source = render_program(program, chosen)
         return Built(source, cc.load(source))
 
     def machine(self) -> str:

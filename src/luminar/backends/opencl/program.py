@@ -14,40 +14,34 @@ Such an array, changed in place on the host, is not copied again: pass a new arr
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import numpy as np
 
 from ...compiler import pipeline
 from ...compiler.memory import MemoryPlan, plan_memory
-from ...errors import UnsupportedError
+from ...compiler.search import nearest_bucket
 from ...program import Program
 from .device import DeviceError, device, opencl
 from .render import launch
 
 
 class OpenCLProgram(Program):
-    """A graph compiled to one OpenCL program; a call enqueues every kernel in order.
-
-    LUMINAR_DEBUG=2 prints the generated OpenCL C at compile time."""
+    """A graph compiled to one OpenCL program; a call enqueues every kernel in order. `source` is
+    the generated OpenCL C, `kernels` the kernel IR. Memory plans are kept per dims rounded up to
+    powers of two, so their number stays small."""
     backend = "opencl"
-    MAX_PLANS = 64  # memory plans kept for distinct dim values
 
-    def __init__(self, graph, search=None, search_dims=None, seed=0, target=None, **options):
+    def __init__(self, graph, search=None, search_dims=None, seed=0, target=None):
         """Options: `search`, `search_dims`, `seed` (see compiler/pipeline.compile_graph); `target`
-        an OpenCLTarget (default: the device's)."""
+        an OpenCLTarget (default: the device's). Graph.compile refuses any other option."""
         super().__init__(graph)
-        if options:
-            raise UnsupportedError(f"opencl backend: unknown options {sorted(options)}; "
-                                   f"known: search, search_dims, seed, target")
         from .target import OPENCL
         self.device = device()  # (first: no device is a DeviceError before any compiling)
         self.compiled = pipeline.compile_graph(graph, target or OPENCL, search, search_dims, seed)
         self.kernels, self.search = self.compiled.kernels, self.compiled.search
         self.choices, self.fusions = self.compiled.choices, self.compiled.fusions
         built = self.compiled.built
-        self.source, self.buckets = built.source, built.buckets
+        self.source = built.source
         self.compile_seconds = self.compiled.build_seconds
         cl = opencl()
         functions = {name: cl.Kernel(built.program, name) for call in built.calls for name in call.functions}
@@ -56,8 +50,6 @@ class OpenCLProgram(Program):
         self._arena, self._arena_bytes = None, 0
         self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device buffer, bytes)
         self._outputs: dict[str, tuple] = {}  # output name -> (device buffer, bytes)
-        if int(os.environ.get("LUMINAR_DEBUG", "0") or 0) >= 2:
-            print(self.source, file=sys.stderr)
 
     def explain(self) -> str:
         """Text: each kernel's schedule and where it came from; with search, the candidates."""
@@ -68,17 +60,8 @@ class OpenCLProgram(Program):
         bucket = dict(env) if exact else {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()}
         key = (exact, *(bucket.get(d, 0) for d in self.kernels.dims))
         if key not in self._plans:
-            if len(self._plans) >= self.MAX_PLANS:
-                self._plans.clear()
             self._plans[key] = plan_memory(self.kernels, bucket, life=self.compiled.lifetimes)
         return self._plans[key]
-
-    def _bucket(self, env) -> int:
-        """The shape bucket nearest these dims (the sum of |log2(dim / bucket value)|; first of equals)."""
-        if len(self.buckets) < 2:
-            return 0
-        distance = [sum(abs(math.log2(env[d] / v)) for d, v in b.items() if d in env) for b in self.buckets]
-        return distance.index(min(distance))
 
     def _room(self, held: tuple | None, nbytes: int) -> tuple:
         """(device buffer, its bytes): `held`'s when it is large enough, else a new one."""
@@ -107,7 +90,7 @@ class OpenCLProgram(Program):
             self._outputs[name] = self._room(self._outputs.get(name), 4 * math.prod(shapes[name]))
             where[buf] = (self._outputs[name][0], 0)
         dims = [np.int64(env[d]) for d in kp.dims]
-        bucket = self._bucket(env)
+        bucket = nearest_bucket(self.search, env)
         for call, functions in self._calls:
             which = bucket if len(functions) > 1 else 0
             sizes = launch(call.kernel, call.schedules[which], env)

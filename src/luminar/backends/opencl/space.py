@@ -1,7 +1,7 @@
 """The GPU schedule space: what the search may do to a kernel's loop nest on an OpenCL device.
 
 The nest language is the search's (compiler/search.py: ``loop(dim, span, step, kind, inner)``
-down to ``body()``, and the ``pack`` mark); here the loop kinds mean
+down to ``body()``, and the ``pack`` mark, PACK); here the loop kinds mean
 
   "s"     a serial loop (inside a work-item)          "grid"  across work-groups
   "item"  across the work-items of a work-group       "reg"   a register tile, unrolled per work-item
@@ -73,7 +73,7 @@ def rules(language):
         rewrite(L(d, sp, 1, "s", x)).to(L(d, sp, 1, "grid", x), fact["batch"](d)),
         name="gpu_map")
     stage = ruleset(
-        rewrite(L("r", sp, 1, "s", x)).to(L("r", sp, f, "s", Nest.pack(L("r", f, 1, "s", x))),
+        rewrite(L("r", sp, 1, "s", x)).to(L("r", sp, f, "s", Nest.mark(PACK.what, L("r", f, 1, "s", x))),
                                           fact["stage"](f), fact["extent"]("r", sp)),
         name="gpu_stage")
     register = ruleset(  # (the item loop's step records its outputs per work-item: the rule fires once)
@@ -84,7 +84,7 @@ def rules(language):
                                                                     ne(d).to(e)),
         rewrite(L(d, sp, 1, "reg", L(e, sp2, st2, k, x))).to(L(e, sp2, st2, k, L(d, sp, 1, "reg", x)),
                                                              ne(d).to(e), ne(k).to("reg")),
-        rewrite(L(d, sp, 1, "reg", Nest.pack(x))).to(Nest.pack(L(d, sp, 1, "reg", x))),
+        rewrite(L(d, sp, 1, "reg", Nest.mark(PACK.what, x))).to(Nest.mark(PACK.what, L(d, sp, 1, "reg", x))),
         name="gpu_order")
     return fact, [map_, stage, register, order]
 

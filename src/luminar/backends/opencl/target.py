@@ -20,8 +20,7 @@ from .render import Call, render_program
 class Built(NamedTuple):
     source: str  # the program's OpenCL C
     program: object  # the pyopencl Program built for the device
-    calls: list[Call]  # the kernels in order
-    buckets: list[dict]  # the shape buckets the calls' schedules were chosen for
+    calls: list[Call]  # the kernels in order (a schedule per shape bucket: search.nearest_bucket picks)
 
 
 class OpenCLTarget(Target):
@@ -49,9 +48,9 @@ class OpenCLTarget(Target):
         return [], [[f"{form}: not implemented by the opencl target", None, "pruned (no GPU form yet)"]
                     for form in forms]
 
-    def build(self, program, chosen: dict, buckets: list[dict]) -> Built:
+    def build(self, program, chosen: dict) -> Built:
         source, calls = render_program(program, chosen)
-        return Built(source, device().build(source), calls, list(buckets))
+        return Built(source, device().build(source), calls)
 
     def machine(self) -> str:
         dev = device()
