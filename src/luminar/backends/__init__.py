@@ -7,7 +7,8 @@ import importlib
 
 from ..errors import UnsupportedError
 
-BACKENDS = {"reference": ("reference", "ReferenceProgram"), "cpu": ("cpu", "CPUProgram")}
+BACKENDS = {"reference": ("reference", "ReferenceProgram"), "cpu": ("cpu", "CPUProgram"),
+            "opencl": ("opencl", "OpenCLProgram")}
 
 
 def get_backend(name: str):
