@@ -21,7 +21,7 @@ from ...compiler.analysis import TilePlan, plan_tiles
 from ...compiler.kernels import (Apply, Const, Gather, IndexValue, Kernel, KernelProgram, Load, Reduce, Select,
                                  canonical_form, depends_on, flat_index, loads, numel, split_reductions)
 from ...ops import PRIMITIVES
-from ...symbolic import sym
+from ...symbolic import Var, sym
 from .dialect import OPENCL, Dialect
 from .schedules import Grid, Rows, Schedule, Tiled, default_schedule, hoisted_rows
 
@@ -134,7 +134,7 @@ def signature(program: KernelProgram, kernel: Kernel, dialect: Dialect, name: st
         const = "" if b == kernel.out else "const "
         params += [f"{dialect.global_ptr} {const}{ctype} *b{b}_base", f"const {dialect.index} b{b}_off"]
         setup.append(f"    {dialect.global_ptr} {const}{ctype} *b{b} = b{b}_base + b{b}_off;")
-    params += [f"const {dialect.index} {d}" for d in program.dims]
+    params += [f"const {dialect.index} {Var(d).render_c()}" for d in program.dims]  # (lm_dim_ names, as render_c spells them)
     return [f"{dialect.kernel} {name}({', '.join(params)}) {{"] + setup
 
 
