@@ -142,7 +142,7 @@ class Graph:
 
     # -- compiling -----------------------------------------------------------------------------
     def compile(self, backend: str = "reference", **options):
-        """Compile the graph's outputs for `backend` ("reference" or "cpu"); returns a callable Program.
+        """Compile the graph's outputs for `backend` ("reference", "cpu" or "opencl"); returns a callable Program.
 
         Options: `passes` (which generic passes run, see compiler.passes.optimize); for "cpu":
         `search` False (the default, unless the environment variable LUMINAR_SEARCH is 1 or a
