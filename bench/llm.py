@@ -96,7 +96,7 @@ def measure_starts(cold_repeats: int, warm_repeats: int) -> dict:
     """Cold starts, each into its own new empty cache, each followed by warm starts on that cache."""
     cold, warm = [], []
     if cold_repeats == 0:  # quick: warm starts on the user's cache (filled by any earlier load)
-        from luminar.backends.cc import cache_dir
+        from luminar.compiler.target import cache_dir
         for _ in range(warm_repeats):
             warm.append(run_start(str(cache_dir())))
             say(f"  warm start (default cache): ready in {warm[-1]['ready_s']:.2f} s")

@@ -2,7 +2,7 @@
 
 The limits are measured, not looked up: peak FP32 FLOP/s from a C loop of independent 512-bit
 FMA accumulators, and memory bandwidth from copy and sum over arrays far larger than the
-caches. The C is compiled exactly like luminar's kernels (luminar.backends.cc.build: same
+caches. The C is compiled exactly like luminar's kernels (luminar.backends.cpu.cc.build_many: same
 compiler, same flags, same cache), so "peak" means what generated C can reach here.
 """
 from __future__ import annotations
@@ -115,7 +115,7 @@ def git_revision() -> str:
 
 
 def compiler_version() -> str:
-    from luminar.backends import cc
+    from luminar.backends.cpu import cc
     try:
         out = subprocess.run([cc.compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
         return out.splitlines()[0] if out else "unknown"
@@ -228,8 +228,8 @@ def _own_cpu() -> float:
 
 # -- measured limits -------------------------------------------------------------------------------
 def _library():
-    from luminar.backends import cc  # same compiler, flags and cache as luminar's kernels
-    lib = ctypes.CDLL(str(cc.build(LIMITS_C)))
+    from luminar.backends.cpu import cc  # same compiler, flags and cache as luminar's kernels
+    lib = ctypes.CDLL(str(cc.build_many([LIMITS_C])[0]))
     lib.bench_fma.argtypes = [ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
     lib.bench_sum.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
     lib.bench_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int]

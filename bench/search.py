@@ -88,6 +88,10 @@ def llama_model(layers: int):
     return config, weights
 
 
+# the decoder's shape buckets: a decode step (s = 1) and a 128-token prefill, keeping the last row's logits
+LLAMA_BUCKETS = {"s": [1, 128], "r": 1}
+
+
 def llama_program(layers: int, **options):
     from luminar.models.llama import build_graph, rope_inv_freq
     config, weights = llama_model(layers)
@@ -101,15 +105,15 @@ def llama_program(layers: int, **options):
 
 def child_llama(layers: int) -> None:
     """Compile the decoder with search (cache from the environment) and print the timing as JSON."""
-    _, program, seconds = llama_program(layers, search=True)
+    _, program, seconds = llama_program(layers, search=True, search_dims=LLAMA_BUCKETS)
     sources = {}
-    for choice in program.choices.values():
+    for choice in (c for per in program.choices.values() for c in per):
         sources[choice.source] = sources.get(choice.source, 0) + 1
     fusions = [f"{'fused' if f.chosen else 'kept unfused'} ({f.source}): unfused {f.unfused_s * 1e3:.3f} ms, fused "
                f"{min((t for _, t, _ in f.candidates if t is not None), default=float('nan')) * 1e3:.3f} ms" if f.unfused_s else
                f"kept unfused ({f.source}): forms {', '.join(f.forms)}, no fused form timed" for f in program.fusions]
     print(json.dumps({"compile_s": seconds, "kernels": len(program.kernels.kernels), "sources": sources,
-                      "structures": len({id(c) for c in program.choices.values()}),
+                      "structures": len({id(c) for per in program.choices.values() for c in per}),
                       "attention": sorted(set(fusions))}))
 
 
@@ -149,7 +153,8 @@ def matmul_case(n: int, quick: bool, idle_wait: float) -> dict:
 
 def q4_linear_case(rows: int, quick: bool, idle_wait: float) -> dict:
     import luminar as lm
-    from luminar.backends.cpu import default_loops, default_schedule
+    from luminar.backends.cpu import CPU
+    from luminar.backends.cpu.schedules import default_loops, default_schedule
     from luminar.compiler import search
     from luminar.compiler.kernels import lower
     from luminar.compiler.passes import optimize
@@ -163,11 +168,11 @@ def q4_linear_case(rows: int, quick: bool, idle_wait: float) -> dict:
     (kernel,) = program.kernels
     env = {"s": rows}
     started = time.perf_counter()
-    choice = search.search_kernel(program, kernel, env, seed=0, budget_s=1.0)
+    choice = search.search_kernel(CPU, program, kernel, env, seed=0, budget_s=1.0)
     search_s = time.perf_counter() - started
     schedules = {"plain (before)": default_loops(kernel), "packed default": default_schedule(kernel),
                  "searched": choice.schedule}
-    bench = search.Bench(program, kernel, list(schedules.values()), env, seed=0)
+    bench = CPU.bench(program, kernel, list(schedules.values()), env, seed=0)
     if not all(bench.validate()):
         raise AssertionError("a Q4_1 linear schedule disagrees with the oracle")
     dense = quant.dequantize_parts("Q4_1", tensor.parts, tensor.shape)
@@ -237,7 +242,7 @@ def llama_case(layers: int, tokens: int, quick: bool, idle_wait: float) -> dict:
                 raise RuntimeError(f"{start} compile failed: {proc.stderr[-2000:]}")
             row[start] = json.loads(proc.stdout.strip().splitlines()[-1])
         os.environ["LUMINAR_CACHE"] = cache
-        config, searched, _ = llama_program(layers, search=True)
+        config, searched, _ = llama_program(layers, search=True, search_dims=LLAMA_BUCKETS)
         _, default, _ = llama_program(layers)
         ids = np.random.default_rng(3).integers(0, config.vocab_size, tokens).astype(np.int32)
         shape = (1, layers, config.num_key_value_heads, config.head_dim)

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 import luminar as lm
-from luminar.backends import cc
+from luminar.backends.cpu import cc
 from luminar.errors import InputError, ValueDomainError, WeightFileError
 from luminar.models.bert import BertConfig, build_graph, default_model_directory, load_embedder
 

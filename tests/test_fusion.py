@@ -216,9 +216,9 @@ def test_fused_attention_matches_the_naive_graph(fuse, case):
 
 
 def search_schedule(program, kernel):
-    from luminar.backends.cpu import default_schedule
-    choice = program.choices.get(kernel.name)
-    return choice.schedule if choice else default_schedule(kernel)
+    from luminar.backends.cpu.schedules import default_schedule
+    per = program.choices.get(kernel.name)
+    return per[0].schedule if per else default_schedule(kernel)
 
 
 def test_fused_attention_matches_torch_sdpa_with_a_symbolic_length(fuse):
@@ -244,7 +244,6 @@ def test_fused_attention_never_stores_the_scores(fuse):
     unfused, fused = g.compile("cpu"), g.compile("cpu", search=True)
     assert unfused.memory_plan({}).arena_bytes >= 2 * 256 * 256 * 4
     assert fused.memory_plan({}).arena_bytes == 0
-    assert fused.fusions[0].arena == (unfused.memory_plan({}).arena_bytes, 0)
 
 
 def test_nan_in_a_query_poisons_only_its_row(fuse):
@@ -270,7 +269,7 @@ def test_slower_fusion_is_not_kept_and_explain_says_why(fuse):
 def test_a_broken_fused_kernel_fails_validation_and_is_never_kept(fuse, monkeypatch):
     """A renderer bug (here: the weights' scale off by 2x) is caught by comparing with the
     unfused kernels on the same random inputs; the program stays unfused and right."""
-    import luminar.backends.online as online_renderer
+    import luminar.backends.cpu.render as online_renderer
     real = online_renderer.render_online
     monkeypatch.setattr(online_renderer, "render_online",
                         lambda program, kernel, plan, ti, tj: real(program, kernel, dataclasses.replace(
@@ -327,20 +326,17 @@ def test_each_fusion_rule_needs_its_fact():
     assert forms == {3: ["inlined", "online", "stored"], 5: ["inlined", "stored"], 7: ["stored"], 9: ["stored"]}
 
 
-def test_the_inlined_form_is_timed_only_for_a_few_columns(fuse):
-    """With 2 output columns (v of width 2) the inlined form's plain loops compute each weight twice:
-    it is compiled, validated against the unfused kernels and timed next to the online kernels. With
-    32 columns it would compute each 32 times and is pruned unmeasured. Either way the program is
-    right."""
+def test_the_inlined_form_is_reached_but_not_timed_on_the_cpu(fuse):
+    """The inlined form's plain loops would compute each weight once per column of v: the cpu
+    target lists it untimed, next to the online kernels it times. Either way the program is right."""
     fuse(True)
-    for dim, timed in ((2, True), (32, False)):
+    for dim in (2, 32):
         g = lm.Graph()
         q, k, v = g.tensor("q", (2, 40, 8)), g.tensor("k", (2, 40, 8)), g.tensor("v", (2, 40, dim))
         (q @ k.transpose(-1, -2)).softmax(-1).matmul(v).output("o")
         program = g.compile("cpu", search=True)
-        loops = [c for c in program.fusions[0].candidates if c[0].startswith("loops")]
         assert {"inlined", "stored"} <= set(program.fusions[0].forms)
-        assert (loops[0][2] == "timed" and loops[0][1] is not None) if timed else loops[0][2].startswith("pruned")
+        assert all(c[0].startswith("online") for c in program.fusions[0].candidates)
         arrays = {"q": np.random.default_rng(1).standard_normal((2, 40, 8)).astype(np.float32),
                   "k": np.random.default_rng(2).standard_normal((2, 40, 8)).astype(np.float32),
                   "v": np.random.default_rng(3).standard_normal((2, 40, dim)).astype(np.float32)}

@@ -42,13 +42,15 @@ def test_output_may_be_a_view(backend):
     np.testing.assert_array_equal(out["col"], data[:, 1])
 
 
-def test_dims_expressions_are_solved_from_inputs(backend):
+def test_dim_expressions_are_checked_against_the_dims_inputs_bind(backend):
     g = lm.Graph()
     x = g.tensor("x", ("s",))
-    y = g.tensor("y", (lm.Var("s", 1, None) + 1,))  # length s + 1, solved from y if x did not bind s
+    y = g.tensor("y", (lm.Var("s", 1, None) + 1,))  # length s + 1, with s bound by x
     (x.sum() + y.sum()).output("total")
-    out = g.compile(backend)(x=np.ones(4, np.float32), y=np.ones(5, np.float32))
-    assert out["total"] == 9
+    model = g.compile(backend)
+    assert model(x=np.ones(4, np.float32), y=np.ones(5, np.float32))["total"] == 9
+    with pytest.raises(lm.DimensionError, match=r"input 'y' axis 0: expected s \+ 1 = 5, got 6"):
+        model(x=np.ones(4, np.float32), y=np.ones(6, np.float32))
 
 
 def test_dims_only_used_in_constants_are_passed_explicitly(backend):

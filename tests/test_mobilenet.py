@@ -11,7 +11,7 @@ from PIL import Image
 
 import luminar as lm
 from luminar import nn
-from luminar.backends import cc
+from luminar.backends.cpu import cc
 from luminar.errors import InputError, ValueDomainError, WeightFileError
 from luminar.models import mobilenet
 from luminar.models.mobilenet import (ConvBNReLU6, conv2d_channels_last, flush_subnormals, fold_batch_norms,

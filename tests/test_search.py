@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 import luminar as lm
-from luminar.backends.cpu import Schedule, check_tile_order, default_schedule, plan_tiles
+from luminar.backends.cpu import CPU, CPUTarget
+from luminar.backends.cpu import bench as cpu_bench
+from luminar.backends.cpu.schedules import Loops, Tiled, default_schedule
+from luminar.compiler.analysis import value_at, work
 from luminar.compiler import search
 from luminar.compiler.kernels import lower
 from luminar.compiler.passes import optimize
@@ -66,26 +69,26 @@ ENV = {"s": 21}
 
 @functools.cache
 def candidates(name):
-    """(program, kernel, schedules): the default plus the candidates sampled for the graph's
-    largest kernel (seed 0); what the search would time."""
+    """(program, kernel, schedules, nests): the default plus the candidates sampled for the graph's
+    largest kernel (seed 0), what the search would time, and the nest each came from."""
     program = lower(optimize(GRAPHS[name]()))
-    kernel = max(program.kernels, key=lambda k: search._value(search.numel(k.shape), ENV) * search._inner_work(k, ENV))
-    sp = search.space(kernel, ENV)
-    default, plan = default_schedule(kernel), plan_tiles(kernel)
-    tileable = {fact[1] for fact in sp.facts if fact[0] == "tileable"}
-    nests = search.sample(search.saturate(sp), 60, 0, search.viable(kernel, tileable, ("packable",) in sp.facts),
-                          lambda nest: search.to_schedule(nest, kernel, plan, default) is not None)
-    found = dict.fromkeys(search.to_schedule(n, kernel, plan, default) for n in nests)
+    kernel = max(program.kernels, key=lambda k: value_at(work(k), ENV))
+    sp, default = CPU.space(kernel, ENV), default_schedule(kernel)
+    nests = search.sample(search.saturate(CPU, sp), 60, 0, CPU.viable(kernel, sp),
+                          lambda nest: CPU.to_schedule(nest, kernel) is not None)
+    found = {}  # schedule -> the first nest that gave it
+    for nest in nests:
+        found.setdefault(CPU.to_schedule(nest, kernel), nest)
     schedules = [default] + [s for s in found if s != default][:14]
-    return program, kernel, schedules
+    return program, kernel, schedules, found
 
 
 @pytest.mark.parametrize("name", GRAPHS)
 def test_every_candidate_computes_what_the_plain_schedule_computes(name):
     """Rules preserve semantics: every sampled nest, rendered, matches the oracle everywhere."""
-    program, kernel, schedules = candidates(name)
+    program, kernel, schedules, _ = candidates(name)
     assert len(schedules) > 1, "the rules found no alternative"
-    bench = search.Bench(program, kernel, schedules, ENV, seed=1)
+    bench = CPU.bench(program, kernel, schedules, ENV, seed=1)
     verdicts = bench.validate()
     assert all(verdicts), [s.describe() for s, ok in zip(schedules, verdicts) if not ok]
 
@@ -93,19 +96,19 @@ def test_every_candidate_computes_what_the_plain_schedule_computes(name):
 def test_every_rule_is_exercised_by_the_validated_candidates():
     applied = set()
     for name in GRAPHS:
-        program, kernel, schedules = candidates(name)
-        naive = search.space(kernel, ENV).naive
-        for schedule in schedules:
-            applied |= {" ".join(step.split()[:2]) for step in search.rewrites(naive, search.to_nest(schedule, kernel, ENV))}
+        program, kernel, schedules, nests = candidates(name)
+        naive = CPU.space(kernel, ENV).naive
+        for schedule in schedules[1:]:
+            applied |= {" ".join(step.split()[:2]) for step in search.rewrites(naive, nests[schedule])}
     verbs = {step.split()[0] for step in applied}
-    lanes = any(s.lanes > 1 for name in GRAPHS for s in candidates(name)[2])  # a split reduction
+    lanes = any(isinstance(s, Loops) and s.lanes > 1 for name in GRAPHS for s in candidates(name)[2])  # a split reduction
     assert {"split", "interchange", "sink", "vectorize", "unroll", "parallelize"} <= verbs and lanes
     assert {"pack panels", "pack rows:"} <= applied
 
 
 def test_a_failing_candidate_is_counted_and_never_wins(monkeypatch):
     """A deliberately broken candidate (it adds 1 to the first output) is rejected by validation."""
-    real = search.render_kernel
+    real = cpu_bench.render_kernel
     broken = []
 
     def render(program, kernel, schedule):
@@ -115,9 +118,9 @@ def test_a_failing_candidate_is_counted_and_never_wins(monkeypatch):
         if broken and schedule == broken[0]:
             return source[:source.rindex("}")] + f"    b{kernel.out}[0] += 1.0f;\n}}"
         return source
-    monkeypatch.setattr(search, "render_kernel", render)
-    program, kernel, _ = candidates("matmul")
-    choice = search.search_kernel(program, kernel, {}, seed=0, budget_s=0.05)
+    monkeypatch.setattr(cpu_bench, "render_kernel", render)
+    program, kernel, *_ = candidates("matmul")
+    choice = search.search_kernel(CPU, program, kernel, {}, seed=0, budget_s=0.05)
     assert choice.failures == 1
     assert choice.schedule != broken[0]
     failed = [c for c in choice.candidates if c[1] is None]
@@ -125,10 +128,9 @@ def test_a_failing_candidate_is_counted_and_never_wins(monkeypatch):
 
 
 def test_same_seed_gives_the_same_candidates():
-    program, kernel, _ = candidates("batched matmul + epilogue")
-    sp = search.space(kernel, ENV)
-    tileable = {fact[1] for fact in sp.facts if fact[0] == "tileable"}
-    draw = lambda seed: search.sample(search.saturate(sp), 40, seed, search.viable(kernel, tileable, True),  # noqa: E731
+    program, kernel, *_ = candidates("batched matmul + epilogue")
+    sp = CPU.space(kernel, ENV)
+    draw = lambda seed: search.sample(search.saturate(CPU, sp), 40, seed, CPU.viable(kernel, sp),  # noqa: E731
                                       lambda nest: True)
     assert draw(3) == draw(3)
     assert draw(3) != draw(4)
@@ -144,6 +146,11 @@ def test_searched_program_matches_the_reference_for_any_dim():
         np.testing.assert_allclose(searched(x=x, **feeds)["y"], reference(x=x, **feeds)["y"], rtol=1e-4, atol=1e-4)
 
 
+def sources(program) -> set[str]:
+    """Where the program's schedules came from, over every kernel and shape bucket."""
+    return {c.source for per in program.choices.values() for c in per}
+
+
 def _matmul_graph(n=96):
     g = lm.Graph()
     (g.tensor("a", (n, n)) @ g.tensor("b", (n, n))).output("c")
@@ -152,10 +159,10 @@ def _matmul_graph(n=96):
 
 def test_second_compile_uses_the_tuning_cache(monkeypatch):
     first = _matmul_graph().compile("cpu", search=True)
-    assert {c.source for c in first.choices.values()} == {"searched"}
+    assert sources(first) == {"searched"}
     monkeypatch.setattr(search, "search_kernel", lambda *a, **k: pytest.fail("searched again"))
     second = _matmul_graph().compile("cpu", search=True)
-    assert {c.source for c in second.choices.values()} == {"cached"}
+    assert sources(second) == {"cached"}
     assert second.source == first.source
     a, b = rand(96, 96), rand(96, 96, seed=1)
     np.testing.assert_allclose(second(a=a, b=b)["c"], a @ b, rtol=1e-4, atol=1e-4)
@@ -167,7 +174,7 @@ def test_tuning_entries_are_written_whole_and_a_corrupt_one_is_searched_again(fr
     assert entry.suffix == ".json"
     entry.write_text("{not json")
     again = _matmul_graph().compile("cpu", search=True)
-    assert {c.source for c in again.choices.values()} == {"searched"}
+    assert sources(again) == {"searched"}
 
 
 def test_repeated_layers_are_searched_once(monkeypatch):
@@ -178,9 +185,9 @@ def test_repeated_layers_are_searched_once(monkeypatch):
     h.output("y")
     calls = []
     real = search.search_kernel
-    monkeypatch.setattr(search, "search_kernel", lambda *a, **k: calls.append(a[1].name) or real(*a, **k))
+    monkeypatch.setattr(search, "search_kernel", lambda *a, **k: calls.append(a[2].name) or real(*a, **k))
     program = g.compile("cpu", search=True)
-    searched = {name for name, c in program.choices.items() if c.source == "searched"}
+    searched = {name for name, (c,) in program.choices.items() if c.source == "searched"}
     assert len(calls) == 1 and len(searched) == 3  # one search, used by the three matmuls
 
 
@@ -203,7 +210,8 @@ def test_environment_variable_turns_search_on(monkeypatch):
     ({"search": "yes"}, lm.ValueDomainError, "search='yes'"),
     ({"search": -1}, lm.ValueDomainError, "positive number of seconds"),
     ({"search": True, "search_dims": {"q": 4}}, lm.DimensionError, "'q' is not a symbolic dim"),
-    ({"search": True, "search_dims": {"s": 0}}, lm.DimensionError, r"search_dims\['s'\] = 0"),
+    ({"search": True, "search_dims": {"s": 0}}, lm.DimensionError, r"search_dims\['s'\] = \[0\]"),
+    ({"search": True, "search_dims": {"s": []}}, lm.DimensionError, r"search_dims\['s'\] = \[\]"),
     ({"search": True, "seed": 1.5}, lm.ValueDomainError, "seed=1.5"),
 ])
 def test_bad_search_options_raise_clear_errors(options, error, message):
@@ -219,19 +227,18 @@ def test_search_options_on_the_reference_backend_are_rejected():
 
 
 def test_candidates_that_fail_to_compile_leave_the_default(monkeypatch):
-    monkeypatch.setattr(search, "render_kernel", lambda *a: "this is not C")
+    monkeypatch.setattr(cpu_bench, "render_kernel", lambda *a: "this is not C")
     program = _matmul_graph().compile("cpu", search=True)
-    (choice,) = {id(c): c for c in program.choices.values()}.values()
+    (choice,) = {id(c): c for per in program.choices.values() for c in per}.values()
     assert choice.source.startswith("error") and choice.schedule == default_schedule(program.kernels.kernels[0])
     a, b = rand(96, 96), rand(96, 96, seed=1)
     np.testing.assert_allclose(program(a=a, b=b)["c"], a @ b, rtol=1e-4, atol=1e-4)
 
 
 def test_cost_model_ranks_a_register_tile_above_plain_loops():
-    program, kernel, _ = candidates("matmul")
-    plan = plan_tiles(kernel)
-    tiled = Schedule("tiled", ti=8, tj=32, order="Jpi", vector=True)
-    assert search.estimate(program, kernel, tiled, plan, {}) < search.estimate(program, kernel, Schedule("loops"), plan, {})
+    program, kernel, *_ = candidates("matmul")
+    tiled = Tiled(ti=8, tj=32, order="Jpi", vector=True)
+    assert CPU.estimate(program, kernel, tiled, {}) < CPU.estimate(program, kernel, Loops(), {})
 
 
 def test_bad_environment_value_is_a_clear_error(monkeypatch):
@@ -242,7 +249,7 @@ def test_bad_environment_value_is_a_clear_error(monkeypatch):
 
 def test_spent_budget_keeps_the_defaults():
     program = _matmul_graph().compile("cpu", search=1e-9)
-    assert {c.source for c in program.choices.values()} == {"budget"}
+    assert sources(program) == {"budget"}
     a, b = rand(96, 96), rand(96, 96, seed=1)
     np.testing.assert_allclose(program(a=a, b=b)["c"], a @ b, rtol=1e-4, atol=1e-4)
 
@@ -256,7 +263,8 @@ def test_explain_shows_candidates_times_and_rewrites():
 def test_long_searches_report_progress(monkeypatch, capsys):
     monkeypatch.setattr(search, "PROGRESS_AFTER_S", 0.0)
     _matmul_graph().compile("cpu", search=True)
-    assert "[luminar] search: 1/1 kernel structures" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "[luminar] search: k0_sum_reduce at fixed dims: " in err
 
 
 def test_fingerprint_ignores_buffer_numbers_and_offsets_but_not_shapes():
@@ -271,12 +279,14 @@ def test_fingerprint_ignores_buffer_numbers_and_offsets_but_not_shapes():
 
 
 def test_invalid_tile_orders_are_rejected():
-    with pytest.raises(ValueError, match="invalid tile order 'Ipj'"):
-        check_tile_order("Ipj", blocked=False, packs=True)
-    check_tile_order("kJpi", blocked=True, packs=True)
+    with pytest.raises(ValueError, match="invalid tile order 'iJp'"):
+        Tiled(order="iJp")  # a threaded loop inside a serial one
+    with pytest.raises(ValueError, match="invalid tile order 'Jpij'"):
+        Tiled(order="Jpij")
+    assert not Tiled(order="Ipj").packs_in_order(True)  # panels packed before their column block
+    assert Tiled(order="Ipj").packs_in_order(False) and Tiled(order="Jpi").packs_in_order(True)
 
 
 def test_schedules_describe_themselves():
-    assert Schedule("loops", parallel=2, lanes=16).describe() == "loops parallel=2 lanes=16"
-    assert Schedule("tiled", ti=4, tj=64, kc=256, order="Jkpi", vector=True).describe() == \
-        "tiled 4x64 mc=64 kc=256 order=Jkpi vector"
+    assert Loops(parallel=2, lanes=16).describe() == "loops parallel=2 lanes=16"
+    assert Tiled(ti=4, tj=64, order="Jpi", vector=True).describe() == "tiled 4x64 mc=64 order=Jpi vector"

@@ -142,14 +142,15 @@ class Graph:
 
     # -- compiling -----------------------------------------------------------------------------
     def compile(self, backend: str = "reference", **options):
-        """Compile the graph's outputs for `backend` ("reference" or "cpu"); returns a callable Program.
+        """Compile the graph's outputs for `backend` ("reference", "cpu" or "opencl"); returns a callable Program.
 
         Options: `passes` (which generic passes run, see compiler.passes.optimize); for "cpu":
         `search` False (the default, unless the environment variable LUMINAR_SEARCH is 1 or a
         number of seconds), True or a time budget in seconds: pick each kernel's schedule by
-        search (compiler/search.py), results cached on disk; `search_dims` {dim: int}, the values
-        symbolic dims take while candidates are timed (default 128 each); `seed` (default 0) for
-        the candidates sampled. `program.explain()` tells what the search chose and why.
+        search (compiler/search.py), results cached on disk; `search_dims` {dim: int or [ints]},
+        the values symbolic dims take while candidates are timed (default 128 each; several
+        values: a schedule per shape bucket); `seed` (default 0) for the candidates sampled;
+        `target` a CPUTarget variant. `program.explain()` tells what the search chose and why.
         """
         import inspect
         from .backends import get_backend
@@ -160,7 +161,8 @@ class Graph:
         accepted = inspect.signature(program.__init__).parameters
         unknown = sorted(set(options) - {"passes"} - set(accepted))
         if unknown and not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
-            raise UnsupportedError(f"{backend} backend: unknown options {unknown}")
+            raise UnsupportedError(f"{backend} backend: unknown options {unknown}; known: "
+                                   f"{sorted(set(accepted) - {'self', 'graph'}) + ['passes']}")
         return program(optimize(self, **{k: options.pop(k) for k in ("passes",) if k in options}), **options)
 
     def dims(self) -> set[str]:
@@ -195,9 +197,6 @@ class Graph:
             raise UnsupportedError("display() needs the graphviz package (pip install 'luminar[viz]'); "
                                    "to_dot() returns the DOT text without it") from None
         return graphviz.Source(self.to_dot())
-
-    def __repr__(self):
-        return "\n".join(map(repr, self.nodes))
 
 
 def _dot_escape(s: str) -> str:

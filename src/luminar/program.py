@@ -90,7 +90,8 @@ class Program:
         return arrays, env
 
     def _bind_dims(self, arrays, env):
-        """Bind bare dim names first, then solve dims like `s + 1` with one unknown, then check all."""
+        """Bind the dims that some input's shape names bare (`s`), then check every shape against
+        them (`s + 1` is checked, not solved: a dim no input names bare is passed in `dims`)."""
         declared = {name: node for name, node in self.graph.inputs.items()
                     if name in self._symbolic_inputs or arrays[name] is not self.fixed.get(name)}
         origin = {}
@@ -98,14 +99,6 @@ class Program:
             for axis, (dim, actual) in enumerate(zip(node.shape, arrays[name].shape)):
                 if not dim.is_const and dim.vars() == {str(dim)} and str(dim) not in env:
                     env[str(dim)], origin[str(dim)] = actual, (name, axis)
-        for name, node in declared.items():
-            for axis, dim in enumerate(node.shape):
-                unknown = dim.vars() - set(env)
-                if len(unknown) == 1:
-                    (var,) = unknown
-                    solved = _solve_linear(dim, var, arrays[name].shape[axis], env)
-                    if solved is not None:
-                        env[var], origin[var] = solved, (name, axis)
         for name, node in declared.items():
             for axis, (dim, actual) in enumerate(zip(node.shape, arrays[name].shape)):
                 if dim.vars() - set(env):
@@ -120,16 +113,3 @@ class Program:
                                 for v in sorted(dim.vars()) if v in origin)
                 raise DimensionError(f"input {name!r} axis {axis}: expected {dim} = {expected}, got {actual}"
                                      f" (shape {arrays[name].shape}){where}")
-
-
-def _solve_linear(dim, var, actual, env):
-    """The value of `var` that makes `dim` equal `actual`, if dim is linear in var; else None."""
-    try:
-        at0 = dim.evaluate({**env, var: 0})
-        slope = dim.evaluate({**env, var: 1}) - at0
-    except (KeyError, ZeroDivisionError):
-        return None
-    if slope == 0 or (actual - at0) % slope:
-        return None
-    value = (actual - at0) // slope
-    return value if value >= 0 and dim.evaluate({**env, var: value}) == actual else None

@@ -237,7 +237,9 @@ class Var(Expr):
         return self.name
 
     def render_c(self):
-        return self.name
+        # a graph dim (a user's name: never '_'-prefixed, unlike loop variables) is prefixed in C,
+        # so no name a user picks (n, l, acc, dims ...) can collide with the generated code's own
+        return self.name if self.name.startswith("_") else f"lm_dim_{self.name}"
 
 
 def _sum_text(items, const: int, times: str) -> str:

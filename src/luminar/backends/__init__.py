@@ -1,13 +1,19 @@
-"""Backends turn an optimized primitive graph into a callable Program."""
+"""Backends turn an optimized primitive graph into a callable Program.
+
+Each is imported on first use (the cpu backend needs a C compiler, others their device's
+runtime): BACKENDS names the module and the Program class of each.
+"""
+import importlib
+
 from ..errors import UnsupportedError
+
+BACKENDS = {"reference": ("reference", "ReferenceProgram"), "cpu": ("cpu", "CPUProgram"),
+            "opencl": ("opencl", "OpenCLProgram")}
 
 
 def get_backend(name: str):
     """The Program class for backend `name`."""
-    if name == "reference":
-        from .reference import ReferenceProgram
-        return ReferenceProgram
-    if name == "cpu":
-        from .cpu import CPUProgram
-        return CPUProgram
-    raise UnsupportedError(f"unknown backend {name!r}; available: 'reference', 'cpu'")
+    if name not in BACKENDS:
+        raise UnsupportedError(f"unknown backend {name!r}; available: {', '.join(map(repr, BACKENDS))}")
+    module, program = BACKENDS[name]
+    return getattr(importlib.import_module(f".{module}", __package__), program)

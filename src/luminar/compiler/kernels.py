@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..graph import DATA_OPS, Graph, Node
 from ..ops import PRIMITIVES
 from ..shape import ShapeTracker, flat_index, index_vars, numel, row_major_strides
-from ..symbolic import Expr, Var, sym
+from ..symbolic import Expr, Sum, Var, sym
 
 
 @dataclass(frozen=True)
@@ -253,53 +253,68 @@ def split_reductions(e):
 
     Done when a schedule renders the reduction as loops: the lowered IR keeps each reduction
     whole (one variable over its full extent), which is what tiled schedules need to pack it."""
-    if isinstance(e, Reduce):
-        return split_reduction(Reduce(e.op, e.var, e.extent, split_reductions(e.body)))
+    e = rebuild(e, split_reductions)
+    return split_reduction(e) if isinstance(e, Reduce) else e
+
+
+def rebuild(e, change):
+    """`e` with `change` applied to each of its IR children (index expressions are kept)."""
     if isinstance(e, Apply):
-        return Apply(e.op, tuple(split_reductions(a) for a in e.args))
+        return Apply(e.op, tuple(map(change, e.args)))
     if isinstance(e, Select):
-        return Select(e.cond, split_reductions(e.value))
-    if isinstance(e, Gather):
-        return Gather(e.var, split_reductions(e.index), e.extent, split_reductions(e.body))
-    return e
+        return Select(e.cond, change(e.value))
+    if isinstance(e, Reduce):
+        return Reduce(e.op, e.var, e.extent, change(e.body))
+    return Gather(e.var, change(e.index), e.extent, change(e.body)) if isinstance(e, Gather) else e
 
 
-def canonical_form(kernel: Kernel) -> tuple[Kernel, list[int]]:
+def canonical_form(kernel: Kernel, offsets: bool = True) -> tuple[Kernel, list[int]]:
     """The kernel with its buffers renumbered 0, 1, .. in order of first use (the output last if
     not read) and its reduction and gather variables renamed _r0, _r1, .. in order, plus the
-    original buffer ids by new number. Kernels that differ only in which buffers they touch (a
-    model's repeated layers) get equal canonical forms: the backend renders their code once."""
+    original buffer ids by new number: the one canonical form of a kernel. Kernels that differ
+    only in which buffers they touch (a model's repeated layers) get equal forms, so a backend
+    renders their code once; with `offsets` False the constant offsets of loads are dropped too
+    (layer k of a stacked cache reads at another offset but schedules the same), which is how
+    the search deduplicates kernels."""
     ids: list[int] = []
-    names: dict[str, Expr] = {}
+    value = _canonical(kernel.value, ids, {}, offsets)
+    if kernel.out not in ids:
+        ids.append(kernel.out)
+    return Kernel(kernel.name, ids.index(kernel.out), kernel.shape, value), ids
 
-    def number(b: int) -> int:
-        if b not in ids:
-            ids.append(b)
-        return ids.index(b)
 
+def same(a, b) -> bool:
+    """Whether two IR expressions are equal up to the names of their reduction and gather
+    variables (the same scores inlined twice get different names for their dot product's index)."""
+    return _canonical(a, None, {}) == _canonical(b, None, {})
+
+
+def _canonical(e, ids: list | None, names: dict, offsets: bool = True):
+    """`e` with its loop variables renamed in order and (when `ids` is a list) its buffers numbered."""
     def expr(x: Expr) -> Expr:
         return x.substitute(names) if names else x
 
-    def visit(e):
-        if isinstance(e, Load):
-            return Load(number(e.buffer), expr(e.index), expr(e.valid))
-        if isinstance(e, IndexValue):
-            return IndexValue(expr(e.expr))
-        if isinstance(e, Select):
-            return Select(expr(e.cond), visit(e.value))
-        if isinstance(e, Apply):
-            return Apply(e.op, tuple(visit(a) for a in e.args))
-        if isinstance(e, (Reduce, Gather)):
-            index = visit(e.index) if isinstance(e, Gather) else None
-            var = names.get(e.var.name) or Var(f"_r{len(names)}", *e.var.bounds())  # (a shared row value: one name)
-            names[e.var.name] = var
-            body = visit(e.body)
-            if isinstance(e, Gather):
-                return Gather(var, index, expr(e.extent), body)
-            return Reduce(e.op, var, expr(e.extent), body)
-        return e
-    value = visit(kernel.value)
-    return Kernel(kernel.name, number(kernel.out), kernel.shape, value), ids
+    if isinstance(e, Load):
+        index = expr(e.index)
+        index = index if offsets or not isinstance(index, Sum) else index - index.const
+        if ids is not None and e.buffer not in ids:
+            ids.append(e.buffer)
+        return Load(ids.index(e.buffer) if ids is not None else e.buffer, index, expr(e.valid))
+    if isinstance(e, IndexValue):
+        return IndexValue(expr(e.expr))
+    if isinstance(e, Select):
+        return Select(expr(e.cond), _canonical(e.value, ids, names, offsets))
+    if isinstance(e, Apply):
+        return Apply(e.op, tuple(_canonical(a, ids, names, offsets) for a in e.args))
+    if isinstance(e, (Reduce, Gather)):
+        index = _canonical(e.index, ids, names, offsets) if isinstance(e, Gather) else None
+        var = names.get(e.var.name) or Var(f"_r{len(names)}", *e.var.bounds())  # (a shared row value: one name)
+        names[e.var.name] = var
+        body = _canonical(e.body, ids, names, offsets)
+        if isinstance(e, Gather):
+            return Gather(var, index, expr(e.extent), body)
+        return Reduce(e.op, var, expr(e.extent), body)
+    return e
 
 
 def _one_minus_less_than(e):

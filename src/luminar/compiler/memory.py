@@ -4,9 +4,7 @@ lifetimes do not overlap (liveness from the kernel order).
 Sizes are symbolic, so a plan is made for concrete dims (backends cache one per dims tuple).
 Greedy best-fit by decreasing size; every offset is aligned for vector loads.
 """
-from collections import Counter
 from dataclasses import dataclass
-from itertools import accumulate
 
 from .kernels import KernelProgram, loads
 
@@ -17,8 +15,6 @@ ALIGN = 64  # bytes: one cache line, a full AVX-512 vector
 class MemoryPlan:
     offsets: dict[int, int]  # temp buffer id -> byte offset in the arena
     arena_bytes: int
-    unshared_bytes: int  # what the temps would take with a buffer each
-    lower_bound_bytes: int  # the most bytes alive at once: no plan can use less
 
 
 def lifetimes(program: KernelProgram) -> dict[int, tuple[int, int]]:
@@ -53,17 +49,7 @@ def plan_memory(program: KernelProgram, env: dict[str, int], itemsize: int = 4, 
         offsets[buf] = offset
         placed.append((offset, size[buf], buf))
     arena = max((o + n for o, n, _ in placed), default=0)
-    return MemoryPlan(offsets, arena, sum(size.values()), _most_alive(size, life))
-
-
-def _most_alive(size: dict, life: dict) -> int:
-    """The most bytes alive during any one kernel: a sweep over lifetime starts and ends."""
-    change: Counter = Counter()  # kernel index -> bytes that come alive (+) or die (-) there
-    for b, n in size.items():
-        start, end = life[b]
-        change[start] += n
-        change[end + 1] -= n
-    return max(accumulate(change[k] for k in sorted(change)), default=0)
+    return MemoryPlan(offsets, arena)
 
 
 def _aligned(n: int) -> int:

@@ -14,7 +14,7 @@ M_i and L_i need passes over the scores before the weighted sum. The recurrence
 
 gives M_i = m, L_i = l and the sum = acc after ONE pass over blocks of keys, so the scores are
 never stored. `online_plan` recognizes that form in a kernel (the backend renders it tiled:
-backends/online.py); `fusion_regions` proposes which realized nodes to inline to get it, and the
+backends/cpu/online.py); `fusion_regions` proposes which realized nodes to inline to get it, and the
 search keeps the fused program only if it measures faster (compiler/search.py).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..symbolic import Var
-from .kernels import Apply, Const, Kernel, Reduce, depends_on, substitute, walk
+from .kernels import Apply, Const, Kernel, Reduce, depends_on, same, substitute, walk
 
 
 @dataclass(frozen=True)
@@ -61,21 +61,6 @@ def _shifted_exp(e, j: str):
                 and same(substitute(m[0].body, {m[0].var.name: Var(j, *m[0].var.bounds())}), score):
             return score, m[0], c.value
     return None
-
-
-def same(a, b) -> bool:
-    """Whether two IR expressions are equal up to the names of their reduction variables (the
-    same scores inlined twice get different names for their dot product's index)."""
-    return _renamed(a, {}) == _renamed(b, {})
-
-
-def _renamed(e, names: dict):
-    if isinstance(e, Reduce):
-        var = names.setdefault(e.var.name, Var(f"_a{len(names)}", *e.var.bounds()))
-        return Reduce(e.op, var, e.extent, _renamed(substitute(e.body, {e.var.name: var}), names))
-    if isinstance(e, Apply):
-        return Apply(e.op, tuple(_renamed(a, names) for a in e.args))
-    return e
 
 
 def online_plan(kernel: Kernel) -> OnlinePlan | None:

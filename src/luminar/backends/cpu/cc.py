@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import LuminarError
+from ...compiler.target import CompilerError, cache_dir
 
 # Not -ffast-math: linked into a shared object it turns on flush-to-zero for the whole host
 # process (numpy included), and it assumes no NaN/inf. These are the parts we want: reassociation
@@ -25,8 +25,19 @@ FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
 LIBS = ["-lm"]  # mandatory: vectorized math calls resolve to libmvec
 
 
-class CompilerError(LuminarError, RuntimeError):
-    """The C compiler is missing or rejected the generated source."""
+def _vector_lanes() -> int:
+    """Floats per SIMD register of the code -march=native gives: 16 with AVX-512, else 8. (A
+    64-byte GCC vector type on an AVX2-only CPU compiles to piecewise code through memory: a
+    matmul micro-kernel ran at 0.6 GFLOP/s where 32-byte vectors reach ~80.)"""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return 16 if " avx512f" in f.read() else 8
+    except OSError:
+        return 8
+
+
+VECTOR_LANES = _vector_lanes()
+REGISTERS = 32 if VECTOR_LANES == 16 else 16  # vector registers: what a register tile of accumulators may use
 
 
 def compiler() -> str:
@@ -35,17 +46,6 @@ def compiler() -> str:
         raise CompilerError(f"no C compiler found (tried $CC={os.environ.get('CC')!r}, gcc, cc): the cpu backend "
                             f"needs one; install gcc (apt-get install gcc) or use backend='reference'")
     return cc
-
-
-def cache_dir() -> Path:
-    path = Path(os.environ.get("LUMINAR_CACHE") or Path.home() / ".cache" / "luminar")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def build(source: str) -> Path:
-    """The path of a shared object for `source`, compiling it unless it is cached."""
-    return build_many([source])[0]
 
 
 def build_many(sources: list[str]) -> list[Path]:
@@ -88,5 +88,12 @@ def load_many(sources: list[str]) -> list[ctypes.CDLL]:
             libraries.append(ctypes.CDLL(str(path)))
         except OSError:  # a corrupt cache entry: rebuild it once
             path.unlink(missing_ok=True)
-            libraries.append(ctypes.CDLL(str(build(source))))
+            libraries.append(ctypes.CDLL(str(build_many([source])[0])))
     return libraries
+
+
+def function(library: ctypes.CDLL, name: str, argtypes: list, restype=None):
+    """The library's C function `name`, typed for ctypes."""
+    fn = getattr(library, name)
+    fn.argtypes, fn.restype = argtypes, restype
+    return fn

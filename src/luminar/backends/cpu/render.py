@@ -1,57 +1,33 @@
-"""The CPU backend: the whole graph as one C translation unit, compiled once, called once.
+"""C for the CPU target: each kernel as one C function following its schedule, and the program.
 
-Each kernel becomes a C function whose loops follow a Schedule: the plain schedule (a loop per
-output dim, outer ones split across threads with OpenMP, an accumulator loop per reduction) or
-the tiled one for reductions with row x column structure (register tiles, packed panels, vector
-micro-kernels). `default_schedule` picks by rule; the search (compiler/search.py) by measuring.
-Kernels equal up to their buffers share one function. One entry point `lm_run(buffers, dims)`
-runs them in order. Symbolic dims are arguments, so a new sequence length needs no recompile.
-Temporaries live in one arena planned by liveness (compiler/memory.py). Shared objects are
-cached on disk by source hash.
+`render_kernel` writes one kernel's function: plain loops (render_loops; row values hoisted
+above the row loop, reductions in vector lanes), tiles (render_tiled: register tiles, packed
+panels, vector micro-kernels) or the online-softmax kernel (online.py). `_Emitter` turns IR
+expressions into C statements. `render_program` is every kernel plus the entry points, with a
+schedule per shape bucket dispatched on the call's dims where the search chose several.
+`render_oracle` is the plain loop body at chosen output positions: the search's semantics.
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import os
-import sys
-import time
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from ..compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load,
-                                Lowering, Reduce, Select, canonical_form, children, depends_on, flat_index, loads, numel,
-                                split_reductions, substitute, walk)
-from ..compiler.memory import ALIGN, MemoryPlan, lifetimes, plan_memory
-from ..errors import UnsupportedError
-from ..ops import PRIMITIVES
-from ..program import Program
-from ..symbolic import C_HELPERS, Expr, Var, sym
+from ...compiler.analysis import PRECOMPUTED, TilePlan, packable_rows, plan_tiles, row_values, stride, vector_body, windowed
+from ...compiler.analysis import reduce_work
+from ...compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load,
+                                 Reduce, Select, canonical_form, children, depends_on, flat_index, loads, numel,
+                                 rebuild, split_reductions, substitute, walk)
+from ...compiler.online import online_plan
+from ...ops import PRIMITIVES
+from ...symbolic import C_HELPERS, Var, sym
 from . import cc
+from .online import render_online
+from .schedules import PARALLEL_MIN_WORK, Loops, Online, Schedule, Tiled, default_loops, default_schedule
 
 C_TYPES = {"float32": "float", "float16": "_Float16", "bfloat16": "unsigned short", "int8": "signed char",
            "uint8": "unsigned char", "int32": "int"}
-# below this many inner iterations threads cost more than they save: a fork/join of the (spinning)
-# OpenMP team is ~1-2 µs; 1 << 15 threads the 576x192 k/v projections of a small-model decode step
-# (+~10% tok/s over 1 << 18 on SmolLM2-135M, 2 threads)
-PARALLEL_MIN_WORK = 1 << 15
-PRECOMPUTED = 1 << 24  # floats (64 MB): the largest buffer of row or panel operands computed before the tiles
-
-
-def _vector_lanes() -> int:
-    """Floats per SIMD register of -march=native code: 16 with AVX-512, else 8 (64-byte GCC vectors
-    on an AVX2-only CPU compile to piecewise code through memory: a matmul ran at 0.6 GFLOP/s)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return 16 if " avx512f" in f.read() else 8
-    except OSError:
-        return 8
-
-
-VECTOR_LANES = _vector_lanes()
-
 PRELUDE = f"""\
 #include <math.h>
 #include <stdint.h>
@@ -59,11 +35,13 @@ PRELUDE = f"""\
 #include <string.h>
 #include <omp.h>
 {C_HELPERS}
-/* vector variants from glibc's libmvec (what <math.h> declares only under -ffast-math) */
+/* vector variants from glibc's libmvec (what <math.h> declares only under -ffast-math). Not for
+   log2f: its vector variant rounds differently from the scalar one, so a value computed in a
+   vector loop and again in a scalar one compared unequal (amax's gradient tests x == max and
+   found no maximum: 0/0). */
 extern float exp2f(float) __attribute__((simd("notinbranch")));
-extern float log2f(float) __attribute__((simd("notinbranch")));
 extern float sinf(float) __attribute__((simd("notinbranch")));
-typedef float lm_vec __attribute__((vector_size({4 * VECTOR_LANES})));
+typedef float lm_vec __attribute__((vector_size({4 * cc.VECTOR_LANES})));  /* one SIMD register of floats */
 static inline float lm_bf16(unsigned short b) {{ union {{ uint32_t u; float f; }} v = {{ (uint32_t)b << 16 }}; return v.f; }}
 /* exp2 as inline arithmetic rather than libmvec's exp2f: that one takes a slow per-lane path for
    results outside the normal floats (masked attention scores below -126 made a causal softmax
@@ -103,14 +81,15 @@ def render_float(v: float) -> str:
 class _Emitter:
     """Turns an IR expression into C statements, naming each distinct subexpression once."""
 
-    def __init__(self, program: KernelProgram, indent: str, threaded_reduce: bool = False, lanes: int = 1):
+    def __init__(self, program: KernelProgram, indent: str, threaded_reduce: bool = False, lanes: int = 1,
+                 names: dict | None = None):
         self.program, self.indent = program, indent
         self.threaded_reduce = threaded_reduce  # split the first reduction across threads (scalar outputs)
         self.lanes = lanes  # partial accumulators of innermost reductions (Schedule.lanes)
         self.stash: dict = {}  # Reduce -> where each step also stores its body's value (see render_loops)
         self.next_row = None  # a row loop's Var: split reductions prefetch the next row's operands
         self.lines: list[str] = []
-        self.names: dict = {}
+        self.names: dict = dict(names or {})  # IR node -> its C name (or a Fixed), known on entry
         self.count = 0
 
     def fresh(self, prefix="v") -> str:
@@ -174,8 +153,7 @@ class _Emitter:
 
     def emit_block(self, e) -> str:
         """Emit `e` one level deeper (inside a loop or an if), reusing values already computed here."""
-        inner = _Emitter(self.program, self.indent + "    ", lanes=self.lanes)
-        inner.names, inner.count = dict(self.names), self.count
+        inner = self.child("    ")
         value = inner.emit(e)
         self.lines += inner.lines
         self.count = inner.count
@@ -205,7 +183,7 @@ class _Emitter:
             self.threaded_reduce = False
             op = "+" if e.op == "sum_reduce" else "max"
             self.lines.append(f"{self.indent}#pragma omp parallel for reduction({op}:{acc}) schedule(static) "
-                              f"if(({(e.extent * _reduce_work(e.body)).render_c()}) >= {PARALLEL_MIN_WORK})")
+                              f"if(({(e.extent * reduce_work(e.body)).render_c()}) >= {PARALLEL_MIN_WORK})")
         elif self.lanes > 1 and not _holds_loop(e.body, self.names):
             return self.reduce_in_lanes(e, acc)
         self.lines.append(f"{self.indent}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; "
@@ -232,8 +210,7 @@ class _Emitter:
         self.lines += [f"{ind}const long long {main} = ({e.extent.render_c()}) / {n} * {n};",
                        f"{ind}for (long long {r}0 = 0; {r}0 < {main}; {r}0 += {n}) {{", f"{ind}    #pragma omp simd",
                        f"{ind}    for (int l = 0; l < {n}; l++) {{", f"{ind}        const long long {r} = {r}0 + l;"]
-        inner = _Emitter(self.program, ind + "        ")
-        inner.names, inner.count = dict(self.names), self.count
+        inner = self.child("        ")
         value = inner.emit(e.body)
         self.count = inner.count
         step = f"{part}[l] = {prim.c.format(f'{part}[l]', value)};"
@@ -257,7 +234,7 @@ class _Emitter:
             return []
         step = {self.next_row.name: self.next_row + 1}
         ahead = dict.fromkeys(f"b{ld.buffer}[{ld.index.substitute(step).render_c()}]" for ld in loads(e.body)
-                              if _stride(ld.index, e.var) == 1 and self.next_row.name in ld.index.vars())
+                              if stride(ld.index, e.var) == 1 and self.next_row.name in ld.index.vars())
         r, ind = e.var.name, self.indent + "    "
         return [f"{ind}for (int l = 0; l < {n}; l += 16) {{ const long long {r} = {r}0 + l; "
                 f"__builtin_prefetch(&{at}); }}" for at in ahead]
@@ -430,81 +407,16 @@ def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
     return f"({a} - truncf({a} * {render_float(1.0 / b)}) * {render_float(b)})"
 
 
-TILE_ROWS, TILE_COLS, ROW_CHUNK = (8, 32, 64) if VECTOR_LANES == 16 else (6, 16, 64)  # the default register tile and row block
-ONLINE_ROWS, ONLINE_KEYS = 64, 4 * VECTOR_LANES  # an online-softmax kernel's default block of query rows x keys (with 128 x 64,
-#                                    the fastest of the search's candidates for 8 heads x 64, seq 1024-4096)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """How one kernel's loops run; `render_kernel` follows it. The IR says what is computed, the
-    schedule how: the default is chosen by rules (`default_schedule`), the search picks others.
-
-    kind "loops" (any kernel): a loop per output dim, each reduction a loop inside.
-      parallel  how many outer output loops are split across threads (collapsed); 0 = one thread;
-                for a scalar output, 1 splits its reduction across threads
-      lanes     innermost reductions keep this many partial accumulators (a split reduction)
-      simd      the innermost output loop carries `omp simd` (vectorize it, for kernels without
-                a reduction)
-    kind "online" (an online-softmax kernel, see compiler/online.py and backends/online.py): blocks
-      of ti query rows x tj keys
-    kind "tiled" (a reduction with row x column structure, see `plan_tiles`): register tiles of
-      ti rows x tj columns with the reduction loop outside the tile, panel operands (what depends
-      on the column and the reduction, not the row) copied into a contiguous local buffer.
-      mc        rows per row block; kc reduction steps per reduction block (0 = unblocked)
-      order     the block loops outer to inner: "j" column blocks, "i" row blocks, "k" reduction
-                blocks, "p" where the panels are packed; capitals run across threads (collapsed
-                with the batch dims), e.g. "JIp", "Jpi" (the defaults), "kJpi"
-      vector    the micro-kernel uses GCC vector types (needs tj % 16 == 0 and a body that is one
-                row value times one panel value)
-      min_rows  fewer rows than this at run time (a symbolic dim) run the "loops" schedule instead
-                (a matrix-vector product has nothing to tile)
-      pack_rows the row operands (what depends on the row and the reduction, not the column: a
-                normalized input) are computed once for all rows into a buffer before the tiles,
-                instead of once per column block
-    """
-    kind: str = "loops"
-    parallel: int = 1
-    lanes: int = 1
-    simd: bool = False
-    ti: int = TILE_ROWS
-    tj: int = TILE_COLS
-    mc: int = ROW_CHUNK
-    kc: int = 0
-    order: str = "JIp"
-    vector: bool = False
-    min_rows: int = 0
-    pack_rows: bool = False
-
-    def describe(self) -> str:
-        if self.kind == "online":
-            return f"online softmax, blocks of {self.ti} rows x {self.tj} keys"
-        if self.kind == "loops":
-            extra = "".join([f" lanes={self.lanes}" if self.lanes > 1 else "", " simd" if self.simd else ""])
-            return f"loops parallel={self.parallel}{extra}"
-        kblock = f" kc={self.kc}" if self.kc else ""
-        rows = f" (loops below {self.min_rows} rows)" if self.min_rows else ""
-        return (f"tiled {self.ti}x{self.tj} mc={self.mc}{kblock} order={self.order}"
-                f"{' vector' if self.vector else ''}{' rows packed' if self.pack_rows else ''}{rows}")
-
-
 def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | None = None) -> str:
     """One C function computing `kernel` over its whole output, as `schedule` says (default: the rules')."""
     schedule = schedule or default_schedule(kernel)
-    used = sorted({load.buffer for load in loads(kernel.value)} | {kernel.out})
     lines = [f"static void {kernel.name}(void **restrict bufs, const long long *restrict dims) {{"]
-    lines += [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
-    for b in used:
-        ctype = C_TYPES[program.buffers[b].dtype]
-        const = "" if b == kernel.out else "const "
-        lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
-    plan = plan_tiles(kernel) if schedule.kind == "tiled" else None
-    if schedule.kind == "online":
-        from ..compiler.online import online_plan
-        from .online import render_online
-        lines += render_online(program, kernel, online_plan(kernel), schedule.ti, schedule.tj)
+    lines += _arguments(program, kernel, kernel.out)
+    plan = plan_tiles(kernel) if isinstance(schedule, Tiled) else None
+    if isinstance(schedule, Online):
+        lines += render_online(program, kernel, online_plan(kernel), schedule.rows, schedule.keys)
     elif plan is None:
-        lines += render_loops(program, kernel, schedule if schedule.kind == "loops" else default_loops(kernel))
+        lines += render_loops(program, kernel, schedule if isinstance(schedule, Loops) else default_loops(kernel))
     elif schedule.min_rows and plan.i is not None and not kernel.shape[-2].is_const:
         lines.append(f"    if (({kernel.shape[-2].render_c()}) < {schedule.min_rows}) {{")
         lines += _loops_with_rows(program, kernel, plan) if schedule.pack_rows else \
@@ -515,59 +427,17 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
     return "\n".join(lines + ["}"])
 
 
-def default_loops(kernel: Kernel) -> Schedule:
-    """The plain schedule's rule: thread every output loop of a reduction kernel, and all but
-    the innermost of an elementwise one (keep it whole for the vectorizer); a matrix-vector
-    product (one output row) can only split its columns."""
-    rank = len(kernel.shape)
-    has_reduce = any(isinstance(n, Reduce) for n in walk(kernel.value))
-    if row_values(kernel):  # rows across threads; each row's reductions in vector lanes
-        return Schedule("loops", parallel=rank - 1, lanes=64)
-    # (a scalar output has no loop to thread; parallel=1 then splits its first reduction)
-    return Schedule("loops", parallel=max(rank, 1) if has_reduce else max(rank - 1, 1 if rank else 0))
+def _arguments(program: KernelProgram, kernel: Kernel, out: int | None) -> list[str]:
+    """C declarations of the dims and of the buffers the kernel reads (and writes: `out`), taken
+    from a kernel function's arguments."""
+    lines = [f"    const long long {Var(d).render_c()} = dims[{i}]; (void){Var(d).render_c()};" for i, d in enumerate(program.dims)]
+    for b in sorted({load.buffer for load in loads(kernel.value)} | ({out} - {None})):
+        ctype, const = C_TYPES[program.buffers[b].dtype], "" if b == out else "const "
+        lines.append(f"    {const}{ctype} *restrict b{b} = ({const}{ctype} *)bufs[{b}];")
+    return lines
 
 
-def default_schedule(kernel: Kernel) -> Schedule:
-    """The rule-chosen schedule (no search): tiles when a reduction has row x column structure.
-
-    A reduction that strides through an operand (the B of a matmul) always tiles. One whose
-    operands all run in order along the reduction (x @ W.T, a linear layer, also with quantized
-    W dequantized in the loop) tiles only from 4 rows on: its panel (W, dequantized once per
-    column block) is then reused by every row, while a single row (decoding) is a dot product
-    per output. (Measured here: a Q4_1 1536x576 linear over 512 rows runs ~20x faster tiled.)"""
-    if sum(isinstance(n, Reduce) for n in walk(kernel.value)) >= 3:  # (cheap test first)
-        from ..compiler.online import online_plan
-        if online_plan(kernel) is not None:
-            return Schedule("online", ti=ONLINE_ROWS, tj=ONLINE_KEYS)
-    plan = plan_tiles(kernel)
-    if plan is None:
-        return default_loops(kernel)
-    strided = any(_stride(ld.index, plan.reduce.var) not in (0, 1, None) for ld in loads(plan.reduce.body))
-    rows = kernel.shape[-2] if plan.i is not None else sym(1)
-    if not strided and (plan.i is None or not plan.rows or rows.is_const and rows.value < 4):
-        return default_loops(kernel)
-    ti, tj = (_tile(rows, TILE_ROWS) if plan.i is not None else 1), _tile(kernel.shape[-1], TILE_COLS)
-    cols, batched = kernel.shape[-1], len(kernel.shape) > 2
-    # Pack each column block's panel once and run every row through it ("Jpi"), threads taking
-    # column blocks: enough of them for the threads unless the batch dims are threaded too. With
-    # few columns, threads take (column block, row block) pairs and each packs its own ("JIp").
-    order = "Jpi" if batched or not cols.is_const or cols.value >= 8 * tj else "JIp"
-    vector = tj % 16 == 0 and vector_body(plan) is not None
-    # rows that cost more than a load are computed once, not per column block
-    pack_rows = packable_rows(kernel, plan) and not (cols.is_const and cols.value <= tj)
-    return Schedule("tiled", ti=ti, tj=tj, mc=ROW_CHUNK, order=order, vector=vector,
-                    min_rows=0 if strided or rows.is_const else 4, pack_rows=pack_rows)
-
-
-def row_values(kernel: Kernel) -> bool:
-    """Whether the kernel holds reductions that do not depend on its innermost output index
-    (row values: a softmax's max and sum, a norm's mean): the plain schedule computes them once
-    per row, before the loop over the row."""
-    inner = kernel.loop_vars[-1].name if kernel.shape else None
-    return inner is not None and any(isinstance(n, Reduce) and inner not in depends_on(n) for n in walk(kernel.value))
-
-
-def render_loops(program: KernelProgram, kernel: Kernel, schedule: Schedule) -> list[str]:
+def render_loops(program: KernelProgram, kernel: Kernel, schedule: Loops) -> list[str]:
     """The plain schedule: a loop per output dim (outer ones threaded), reductions innermost;
     row values (see `row_values`) hoisted above the innermost loop."""
     lines, loop_vars, rank = [], kernel.loop_vars, len(kernel.shape)
@@ -575,7 +445,7 @@ def render_loops(program: KernelProgram, kernel: Kernel, schedule: Schedule) -> 
     hoisted = row_values(kernel)
     parallel = min(schedule.parallel, rank - 1) if hoisted else schedule.parallel
     if kernel.shape and parallel:
-        work = numel(kernel.shape) * _reduce_work(kernel.value)
+        work = numel(kernel.shape) * reduce_work(kernel.value)
         lines.append(f"    #pragma omp parallel for collapse({min(parallel, rank)}) "
                      f"schedule(static) if(({work.render_c()}) >= {PARALLEL_MIN_WORK})")
     loops = []
@@ -627,156 +497,43 @@ def _loops_with_rows(program: KernelProgram, kernel: Kernel, plan) -> list[str]:
 
 def _replace_nodes(e, mapping: dict):
     """`e` with the subtrees in `mapping` replaced."""
-    if e in mapping:
-        return mapping[e]
-    if isinstance(e, Apply):
-        return Apply(e.op, tuple(_replace_nodes(a, mapping) for a in e.args))
-    if isinstance(e, Select):
-        return Select(e.cond, _replace_nodes(e.value, mapping))
-    if isinstance(e, Reduce):
-        return Reduce(e.op, e.var, e.extent, _replace_nodes(e.body, mapping))
-    if isinstance(e, Gather):
-        return Gather(e.var, _replace_nodes(e.index, mapping), e.extent, _replace_nodes(e.body, mapping))
-    return e
+    return mapping[e] if e in mapping else rebuild(e, lambda child: _replace_nodes(child, mapping))
 
 
 def render_oracle(program: KernelProgram, kernel: Kernel) -> str:
     """`lm_oracle(bufs, dims, which, count, out)`: the kernel's value at `count` flat output
     positions `which`, each computed on its own by the plain loop body (no tiling, no threads) --
     the semantics search candidates are checked against, affordable for any output size."""
-    used = sorted({load.buffer for load in loads(kernel.value)})
     lines = ["void lm_oracle(void **restrict bufs, const long long *restrict dims, const long long *restrict which, "
-             "long long count, float *restrict out) {"]
-    lines += [f"    const long long {d} = dims[{i}]; (void){d};" for i, d in enumerate(program.dims)]
-    lines += [f"    const {C_TYPES[program.buffers[b].dtype]} *restrict b{b} = bufs[{b}];" for b in used]
-    lines += ["    for (long long n = 0; n < count; n++) {", "        long long flat = which[n]; (void)flat;"]
+             "long long count, float *restrict out) {"] + _arguments(program, kernel, None)
+    # (lm_ names: a symbolic dim may be called n or flat)
+    lines += ["    for (long long lm_n = 0; lm_n < count; lm_n++) {", "        long long lm_flat = which[lm_n]; (void)lm_flat;"]
     for var, extent in reversed(list(zip(kernel.loop_vars, kernel.shape))):
-        lines.append(f"        const long long {var.name} = flat % ({extent.render_c()}); flat /= ({extent.render_c()});")
+        lines.append(f"        const long long {var.name} = lm_flat % ({extent.render_c()}); lm_flat /= ({extent.render_c()});")
     emitter = _Emitter(program, "        ")
     value = emitter.emit(split_reductions(kernel.value))
-    return "\n".join(lines + emitter.lines + [f"        out[n] = {value};", "    }", "}"])
+    return "\n".join(lines + emitter.lines + [f"        out[lm_n] = {value};", "    }", "}"])
 
 
 # -- the tiled reduction schedule ----------------------------------------------------------------
-@dataclass
-class TilePlan:
-    """The row x column structure of a kernel's reduction, which tiled schedules exploit.
-
-    Each step of the reduction updates a block of accumulators (rows x columns of the output)
-    from row values (subtrees of the body that depend on the row, not the column) and panel
-    values (depend on the column, not the row). Panels are computed once per column block into
-    a contiguous buffer (packing: a dequantized weight is dequantized once per block, a strided
-    B is read in order), so the inner loop is a unit-stride, vectorizable update.
-    """
-    reduce: Reduce
-    i: Var | None  # the tile's row variable (second-innermost output dim), None for 1-d outputs
-    j: Var  # the tile's column variable (innermost output dim)
-    rows: list  # IR subtrees that depend on the row (and reduction), not the column
-    panels: list  # IR subtrees that depend on the column (and reduction), not the row
 
 
-def _stride(index: Expr, var: Var):
-    """How far `index` moves when `var` grows by one, if that is a constant; else None."""
-    step = index.substitute({var.name: var + 1}) - index
-    return step.value if step.is_const else None
-
-
-def plan_tiles(kernel: Kernel) -> TilePlan | None:
-    """The kernel's TilePlan, or None: it needs exactly one reduction, with no reduction or
-    gather inside its body, and whatever stays in the inner loop (neither row nor panel) must
-    run in order along the columns."""
-    reduces = [n for n in walk(kernel.value) if isinstance(n, Reduce)]
-    if len(reduces) != 1 or not kernel.shape or any(isinstance(n, Gather) for n in walk(kernel.value)):
-        return None
-    red = reduces[0]
-    loop_vars = kernel.loop_vars
-    i, j = (loop_vars[-2] if len(loop_vars) > 1 else None), loop_vars[-1]
-    if any(isinstance(n, Reduce) for n in walk(red.body)) or j.name not in depends_on(red):
-        return None  # (a reduction not over columns is a row value: see row_values)
-    rows, panels = [], []
-
-    def split(e):
-        deps = depends_on(e)
-        if isinstance(e, Const):
-            return
-        if j.name not in deps:
-            rows.append(e)
-        elif i is not None and i.name not in deps:
-            panels.append(e)
-        elif isinstance(e, Apply):
-            for a in e.args:
-                split(a)
-        elif isinstance(e, Select):
-            split(e.value)
-    split(red.body)
-    rows, panels = list(dict.fromkeys(rows)), list(dict.fromkeys(panels))
-    named = dict.fromkeys(rows + panels, "")
-    inner = [ld for ld in loads(red.body) if _inside_unnamed(red.body, ld, named)]
-    if any(_stride(ld.index, j) not in (0, 1) for ld in inner):
-        return None
-    return TilePlan(red, i, j, rows, panels)
-
-
-def packable_rows(kernel: Kernel, plan: TilePlan) -> bool:
-    """Whether the row operands cost more than a plain load per step -- computed (an input
-    normalized on the fly) or gathered through a window (a convolution's padded, strided input:
-    a validity test and a div/mod index) -- and fit a buffer of PRECOMPUTED floats (a batch of
-    images' windows would not): then they are worth computing once before the tiles."""
-    size = numel(kernel.shape[:-1]) * plan.reduce.extent * len(plan.rows)
-    return plan.i is not None and not (size.is_const and size.value > PRECOMPUTED) and any(
-        not isinstance(e, Load) or e.valid != sym(1) or _stride(e.index, plan.reduce.var) is None for e in plan.rows)
-
-
-def _inside_unnamed(e, target, named) -> bool:
-    """Whether `target` occurs in `e` outside the subtrees in `named`."""
-    if e in named:
-        return False
-    if e == target:
-        return True
-    parts = e.args if isinstance(e, Apply) else (e.value,) if isinstance(e, Select) else ()
-    return any(_inside_unnamed(c, target, named) for c in parts)
-
-
-def _tile(extent: Expr, preferred: int) -> int:
-    return min(preferred, extent.value) if extent.is_const and extent.value > 0 else preferred
-
-
-def vector_body(plan: TilePlan):
-    """(row, panel) when the reduction body is one row value times one panel value summed (a
-    matmul, also with a dequantized weight): what the vector micro-kernel computes; else None."""
-    body = plan.reduce.body
-    if plan.reduce.op != "sum_reduce" or len(plan.rows) != 1 or len(plan.panels) != 1:
-        return None
-    if not (isinstance(body, Apply) and body.op == "mul" and set(body.args) == {plan.rows[0], plan.panels[0]}):
-        return None
-    return plan.rows[0], plan.panels[0]
-
-
-def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Schedule) -> list[str]:
+def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Tiled) -> list[str]:
     """Loops: batch dims, then the block loops of `s.order` (the capitals threaded, collapsed with
-    the batch dims; a leading serial "k" outside them), panels packed at "p"; inside, tiles of
-    ti rows step through the row block, each accumulating ti x tj outputs over the reduction
-    block. With reduction blocks the output holds partial results between blocks and the
-    kernel's epilogue (whatever follows the reduction) runs after the last one."""
+    the batch dims), panels packed at "p"; inside, tiles of ti rows step through the row block,
+    each accumulating ti x tj outputs over the whole reduction, then the kernel's epilogue
+    (whatever follows the reduction)."""
     red, i, j = plan.reduce, plan.i, plan.j
-    ti, tj, kc = (s.ti if i is not None else 1), s.tj, s.kc
+    ti, tj = (s.ti if i is not None else 1), s.tj
     mc = max(s.mc // ti, 1) * ti
     rows_n, cols_n, k_n = (kernel.shape[-2] if i is not None else sym(1)), kernel.shape[-1], red.extent
     r, K, M, N = red.var.name, red.extent.render_c(), rows_n.render_c(), cols_n.render_c()
     prim = PRIMITIVES[red.op]
     batch = list(zip(kernel.loop_vars[:-2 if i is not None else -1], kernel.shape))
-    span = str(kc) if kc else K  # reduction steps per block: the panel buffer's length
-    k_lo, k_hi = ("k0", f"(k0 + {kc} < {K} ? k0 + {kc} : {K})") if kc else ("0", K)
     vec = vector_body(plan) if s.vector and tj % 16 == 0 else None
     npan = len(plan.panels)
-    order = s.order if kc else s.order.replace("k", "").replace("K", "")
-    outside = order[:len(order) - len(order.lstrip("k"))]  # a leading serial reduction block loop
-    body = order[len(outside):]
-    threaded = body[:len(body) - len(body.lstrip("JIK"))]
-    check_tile_order(order, bool(kc), bool(plan.panels))
-    header = {"j": f"for (long long j0 = 0; j0 < {N}; j0 += {tj})",
-              "i": f"for (long long ic = 0; ic < {M}; ic += {mc})",
-              "k": f"for (long long k0 = 0; k0 < {K}; k0 += {kc})"}
+    threaded = [b for b in s.blocks if b.threaded]  # (a prefix: Tiled checks; packs_in_order, the pack's place)
+    header = {"j": f"for (long long j0 = 0; j0 < {N}; j0 += {tj})", "i": f"for (long long ic = 0; ic < {M}; ic += {mc})"}
 
     def clamp(var, base, offset, extent, tile):
         if extent.is_const and extent.value % tile == 0:
@@ -796,32 +553,29 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Sche
     when = f"({work.render_c()}) >= {PARALLEL_MIN_WORK}" if threads else "0"
     out += [f"    #pragma omp parallel if({when})", "    {"]
     if npan:  # 64-byte aligned: the vector micro-kernel loads whole rows of the panel
-        out.append(f"    float *restrict pan = (float *)aligned_alloc(64, (sizeof(float) * (size_t)({span}) * "
+        out.append(f"    float *restrict pan = (float *)aligned_alloc(64, (sizeof(float) * (size_t)({K}) * "
                    f"{tj * npan} + 63) / 64 * 64);")
     depth = 0
-    for c in outside:
-        out.append("    " + header["k"] + " {")
-        depth += 1
     if threads:
         out.append(f"    #pragma omp for collapse({threads}) schedule(static)")
     for var, extent in batch:
         out.append(f"    for (long long {var.name} = 0; {var.name} < {extent.render_c()}; {var.name}++)")
-    for c in order[len(outside):]:
-        if c == "p":
+    for block in s.blocks:
+        if block.loop == "p":
             if npan:
-                out += _pack(program, plan, r, k_lo, k_hi, span, tj, clamp(j, "j0", "jj", cols_n, tj), panel_names)
+                out += _pack(program, plan, r, K, tj, clamp(j, "j0", "jj", cols_n, tj), panel_names)
             continue
-        out.append("    " + header[c.lower()] + " {")
+        out.append("    " + header[block.loop] + " {")
         depth += 1
     out.append(f"      for (long long i0 = ic; i0 < ic + {mc} && i0 < {M}; i0 += {ti}) {{")
-    pan_at = {node: f"pan[({p} * {span} + {r} - {k_lo}) * {tj} + jj]" for p, node in enumerate(plan.panels)}
+    pan_at = {node: f"pan[({p} * {K} + {r}) * {tj} + jj]" for p, node in enumerate(plan.panels)}
     row_clamp = clamp(i, "i0", "ii", rows_n, ti) if i is not None else ""
     if vec:
-        out += _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row_names)
+        out += _vector_tile(program, plan, vec, ti, tj, r, K, row_clamp, row_names)
     else:
-        out += _generic_tile(program, plan, prim, ti, tj, r, k_lo, k_hi, pan_at, row_clamp,
+        out += _generic_tile(program, plan, prim, ti, tj, r, K, pan_at, row_clamp,
                              clamp(j, "j0", "jj", cols_n, tj), row_names)
-    out += _store_tile(program, kernel, plan, prim, ti, tj, kc, K)
+    out += _store_tile(program, kernel, plan, ti, tj)
     out.append("      }")
     out += ["    }"] * depth
     if npan:
@@ -836,7 +590,7 @@ def _precompute(program, nodes, batch, var, extent, red, name) -> tuple[list[str
     expression of each node there. An index divided by constants (a convolution's window: row //
     56, r % 3) loops over its digits instead (kernels.digits), so the window's index math is
     affine, not a division per element."""
-    from ..compiler.kernels import _ir_exprs, digits  # (the window digits of a packed operand)
+    from ...compiler.kernels import _ir_exprs, digits  # (the window digits of a packed operand)
     K, r = red.extent.render_c(), red.var.name
     count, where = len(nodes), flat_index([v for v, _ in batch] + [var], [x for _, x in batch] + [extent])
     total = numel([x for _, x in batch] + [extent])
@@ -862,39 +616,15 @@ def _precompute(program, nodes, batch, var, extent, red, name) -> tuple[list[str
     return out + em.lines + ["      }"], {node: at(q) for q, node in enumerate(nodes)}
 
 
-def windowed(plan: TilePlan) -> bool:
-    """Whether the panel operands are windows of an input (a convolution's weight gradient reads
-    the padded input at position + kernel offset): loads behind a validity test or with index
-    math dividing the column or the reduction step. Such panels are computed once, over their
-    digits, before the tiles, and each column block's pack copies them."""
-    return bool(plan.panels) and all(isinstance(e, Load) for e in plan.panels) and any(
-        e.valid != sym(1) or _stride(e.index, plan.reduce.var) is None or _stride(e.index, plan.j) is None
-        for e in plan.panels)
-
-
-def check_tile_order(order: str, blocked: bool, packs: bool) -> None:
-    """Raise ValueError unless `order` is a valid Schedule.order (see Schedule)."""
-    order = order if packs else order.replace("p", "")  # nothing to pack: p is moot
-    letters = order.lower()
-    want = sorted("ij" + ("k" if blocked else "") + ("p" if packs else ""))
-    body = order[len(order) - len(order.lstrip("k")):]
-    rest = body.lstrip("JIK")
-    if sorted(letters) != want or "P" in order or any(c.isupper() for c in rest) \
-            or packs and any(letters.index(c) > letters.index("p") for c in "jk" if c in letters):
-        raise ValueError(f"invalid tile order {order!r}: want each of {''.join(want)} once, the threaded (capital) "
-                         f"loops first (after a serial leading k), and p after j and k")
-
-
-def _pack(program, plan, r, k_lo, k_hi, span, tj, j_clamp, panel_names) -> list[str]:
+def _pack(program, plan, r, K, tj, j_clamp, panel_names) -> list[str]:
     """Copy (compute) the panel operands of this column block, reduction block into `pan`
     (copy from `panel_names`' buffer where they were computed before the tiles)."""
-    out = [f"      for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++)", "        #pragma omp simd",
+    out = [f"      for (long long {r} = 0; {r} < {K}; {r}++)", "        #pragma omp simd",
            f"        for (long long jj = 0; jj < {tj}; jj++) {{", f"          {j_clamp}"]
-    em = _Emitter(program, "          ")
-    em.names.update(panel_names)
+    em = _Emitter(program, "          ", names=panel_names)
     for p, node in enumerate(plan.panels):
         value = em.emit(node)
-        em.lines.append(f"          pan[({p} * {span} + {r} - {k_lo}) * {tj} + jj] = {value};")
+        em.lines.append(f"          pan[({p} * {K} + {r}) * {tj} + jj] = {value};")
     return out + em.lines + ["        }"]
 
 
@@ -906,27 +636,25 @@ def _rows(program, plan, ti, row_clamp, indent, row_names) -> tuple[list[str], d
            f"{indent}#pragma GCC unroll {ti}", f"{indent}for (int ii = 0; ii < {ti}; ii++) {{"]
     if row_clamp:
         out.append(f"{indent}  {row_clamp}")
-    em = _Emitter(program, indent + "  ")
-    em.names.update(row_names)
+    em = _Emitter(program, indent + "  ", names=row_names)
     for q, node in enumerate(plan.rows):
         em.lines.append(f"{indent}  row{q}[ii] = {em.emit(node)};")
     return out + em.lines + [f"{indent}}}"], {node: f"row{q}[ii]" for q, node in enumerate(plan.rows)}
 
 
-def _generic_tile(program, plan, prim, ti, tj, r, k_lo, k_hi, pan_at, row_clamp, col_clamp, row_names) -> list[str]:
+def _generic_tile(program, plan, prim, ti, tj, r, K, pan_at, row_clamp, col_clamp, row_names) -> list[str]:
     """The micro-kernel for any body: arrays of accumulators, `omp simd` over the tile's columns."""
     red, i, j = plan.reduce, plan.i, plan.j
     out = [f"        float acc[{ti}][{tj}];",
            f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) "
            f"acc[ii][jj] = {render_float(prim.identity)};",
-           f"        for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++) {{"]
+           f"        for (long long {r} = 0; {r} < {K}; {r}++) {{"]
     row_lines, names = _rows(program, plan, ti, row_clamp, "          ", row_names)
     out += row_lines
     names.update(pan_at)
     out += [f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{",
             "            #pragma omp simd", f"            for (int jj = 0; jj < {tj}; jj++) {{"]
-    em = _Emitter(program, "              ")
-    em.names.update(names)
+    em = _Emitter(program, "              ", names=names)
     inner_deps = _deps_outside(red.body, names)
     if i is not None and i.name in inner_deps:
         em.lines.append(f"              {row_clamp}")
@@ -937,21 +665,20 @@ def _generic_tile(program, plan, prim, ti, tj, r, k_lo, k_hi, pan_at, row_clamp,
                              "            }", "          }", "        }", "        float (*tile)[%d] = acc;" % tj]
 
 
-def _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row_names) -> list[str]:
-    """The micro-kernel for row x panel products: ti x tj/16 vector accumulators that stay in
-    registers, each step one broadcast row value times tj/16 panel vectors (fused multiply-adds)."""
+def _vector_tile(program, plan, vec, ti, tj, r, K, row_clamp, row_names) -> list[str]:
+    """The micro-kernel for row x panel products: ti x tj/lanes vector accumulators that stay in
+    registers, each step one broadcast row value times tj/lanes panel vectors (fused multiply-adds)."""
     row, _ = vec
-    nv = tj // VECTOR_LANES
-    out = [           f"        lm_vec acc[{ti}][{nv}];",
+    nv = tj // cc.VECTOR_LANES
+    out = [f"        lm_vec acc[{ti}][{nv}];",
            f"        #pragma GCC unroll {ti * nv}",
            f"        for (int q = 0; q < {ti * nv}; q++) acc[q / {nv}][q % {nv}] = (lm_vec){{0}};",
-           f"        for (long long {r} = {k_lo}; {r} < {k_hi}; {r}++) {{",
-           f"          const lm_vec *restrict pv = (const lm_vec *)&pan[({r} - {k_lo}) * {tj}];",
+           f"        for (long long {r} = 0; {r} < {K}; {r}++) {{",
+           f"          const lm_vec *restrict pv = (const lm_vec *)&pan[{r} * {tj}];",
            f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{"]
     if row_clamp:
         out.append(f"            {row_clamp}")
-    em = _Emitter(program, "            ")
-    em.names.update(row_names)
+    em = _Emitter(program, "            ", names=row_names)
     a = em.emit(row)
     out += em.lines + [f"            #pragma GCC unroll {nv}",
                        f"            for (int v = 0; v < {nv}; v++) acc[ii][v] += {a} * pv[v];", "          }",
@@ -959,9 +686,8 @@ def _vector_tile(program, plan, vec, ti, tj, r, k_lo, k_hi, span, row_clamp, row
     return out
 
 
-def _store_tile(program, kernel, plan, prim, ti, tj, kc, K) -> list[str]:
-    """Write the tile's in-bounds outputs: the epilogue applied to the total after the last
-    reduction block, the running partial (kept in the output) after the others."""
+def _store_tile(program, kernel, plan, ti, tj) -> list[str]:
+    """Write the tile's in-bounds outputs: the epilogue applied to each total."""
     i, j = plan.i, plan.j
     rows_n, cols_n = (kernel.shape[-2] if i is not None else sym(1)), kernel.shape[-1]
     out = [f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) {{"]
@@ -973,15 +699,10 @@ def _store_tile(program, kernel, plan, prim, ti, tj, kc, K) -> list[str]:
     bounds.append(f"{j.name} < {cols_n.render_c()}")
     out.append(f"          if ({' && '.join(bounds)}) {{")
     target = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
-    total = "tile[ii][jj]"
     em = _Emitter(program, "            ")
-    if kc:
-        out.append(f"            const float total = k0 == 0 ? {total} : {prim.c.format(target, total)};")
-        out.append(f"            if (k0 + {kc} < {K}) {target} = total; else {{")
-        total = "total"
-    em.names[plan.reduce] = total
+    em.names[plan.reduce] = "tile[ii][jj]"
     value = em.emit(kernel.value)
-    out += em.lines + [f"            {target} = {value};"] + (["            }"] if kc else [])
+    out += em.lines + [f"            {target} = {value};"]
     return out + ["          }", "        }"]
 
 
@@ -1005,7 +726,9 @@ def _deps_outside(e, named: dict) -> frozenset:
 
 def render_program(program: KernelProgram, schedules: dict | None = None) -> str:
     """All kernels plus two entry points: lm_run, and lm_run_profiled that also times each kernel.
-    `schedules` maps a kernel's name to its Schedule (missing: the default rules).
+    `schedules` maps a kernel's name to its schedule, or to a list of them, one per shape bucket:
+    a call runs each kernel with the schedule of the bucket its caller names after the dims
+    (the one nearest them, search.nearest_bucket); missing: the default rules.
 
     Kernels equal up to the buffers they touch (canonical_form) share one C function, called with
     their own buffers: a model's repeated layers are compiled once, which keeps the source and
@@ -1014,188 +737,27 @@ def render_program(program: KernelProgram, schedules: dict | None = None) -> str
     parts, functions, calls = [PRELUDE], {}, []
     for kernel in program.kernels:
         canon, ids = canonical_form(kernel)
-        schedule = schedules.get(kernel.name) or default_schedule(kernel)
-        key = (canon.value, canon.out, canon.shape, schedule, tuple(program.buffers[b].dtype for b in ids))
-        if key not in functions:
-            functions[key] = f"lm_f{len(functions)}_{kernel.name.split('_', 1)[-1]}"
-            view = dataclasses.replace(program, buffers=[dataclasses.replace(program.buffers[b], id=k)
-                                                         for k, b in enumerate(ids)])
-            parts.append(render_kernel(view, dataclasses.replace(canon, name=functions[key]), schedule))
+        chosen = schedules.get(kernel.name) or default_schedule(kernel)
+        names = []
+        for schedule in chosen if isinstance(chosen, list) else [chosen]:
+            key = (canon.value, canon.out, canon.shape, schedule, tuple(program.buffers[b].dtype for b in ids))
+            if key not in functions:
+                functions[key] = f"lm_f{len(functions)}_{kernel.name.split('_', 1)[-1]}"
+                view = dataclasses.replace(program, buffers=[dataclasses.replace(program.buffers[b], id=k)
+                                                             for k, b in enumerate(ids)])
+                parts.append(render_kernel(view, dataclasses.replace(canon, name=functions[key]), schedule))
+            names.append(functions[key])
+        function = names[0] if len(set(names)) == 1 else \
+            "(" + " : ".join([f"lm_bucket == {k} ? {name}" for k, name in enumerate(names[:-1])] + [names[-1]]) + ")"
         args = ", ".join(f"bufs[{b}]" for b in ids)
-        calls.append(f"{{ void *args[] = {{{args}}}; {functions[key]}(args, dims); }} /* {kernel.name} */")
+        calls.append(f"{{ void *args[] = {{{args}}}; {function}(args, dims); }} /* {kernel.name} */")
     timed = "\n".join(f"    t = omp_get_wtime(); {call} seconds[{i}] = omp_get_wtime() - t;"
                       for i, call in enumerate(calls))
     calls = "\n".join(f"    {call}" for call in calls)
-    parts.append(f"void lm_run(void **bufs, const long long *dims) {{\n{calls}\n}}\n")
+    start = f"    const long long lm_bucket = dims[{len(program.dims)}]; (void)lm_bucket;\n"  # (search.nearest_bucket)
+    parts.append(f"void lm_run(void **bufs, const long long *dims) {{\n{start}{calls}\n}}\n")
     parts.append(f"void lm_run_profiled(void **bufs, const long long *dims, double *seconds) {{\n"
-                 f"    double t; (void)t;\n{timed}\n}}\n")
+                 f"    double t; (void)t;\n{start}{timed}\n}}\n")
     return "\n\n".join(parts)
 
 
-def _reduce_work(e) -> Expr:
-    """Iterations of the reductions per output element (1 when there are none): nested ones
-    multiply, side by side ones (a norm's row values) add."""
-    if isinstance(e, Reduce):
-        return e.extent * _reduce_work(e.body)
-    parts = [w for w in map(_reduce_work, children(e)) if w != sym(1)]
-    return sum(parts[1:], parts[0]) if parts else sym(1)
-
-
-SWITCH_MARGIN = 0.85  # a trial thread count must take at most this fraction of the current one's time
-BIG_LOSS = 1.5  # a trial this many times slower than the current count backs off 16x, not 2x
-
-
-class ThreadChooser:
-    """How many OpenMP threads each call of a program uses, chosen by measuring.
-
-    On a shared machine a two-thread call can be 50x slower than a one-thread call: each of a
-    model's hundreds of parallel regions waits for a thread the OS has parked while another
-    process holds the core. So every kind of call (one per memory plan) keeps a running time for
-    the thread count it uses and now and then tries the other count (all threads or one); a
-    trial that wins (by SWITCH_MARGIN: noise alone must not make the count flap) switches, one
-    that loses waits twice as long before the next (16 times as long when it lost by BIG_LOSS:
-    a one-thread trial of a 0.8 s prefill costs 0.8 s).
-    """
-    def __init__(self, most: int, set_threads):
-        self.most, self._set = most, set_threads
-        self._state: dict = {}
-
-    def run(self, key, call) -> None:
-        if self.most < 2:
-            return call()
-        # (the first call of a kind pays for page faults and cold caches: it is not a sample)
-        s = self._state.setdefault(key, {"use": self.most, "time": {}, "next": 3, "every": 2, "cold": True})
-        s["next"] -= 1
-        other = 1 if s["use"] == self.most else self.most
-        threads = other if s["next"] <= 0 else s["use"]
-        self._set(threads)
-        started = time.perf_counter()
-        call()
-        seconds = time.perf_counter() - started
-        if threads == other:
-            current = s["time"].get(s["use"], float("inf"))
-            better = seconds < SWITCH_MARGIN * current
-            # a trial lost by far (all threads 2x faster at prefill) waits much longer for the next
-            s["every"] = 2 if better else min(s["every"] * (16 if seconds > BIG_LOSS * current else 2), 1024)
-            s["next"] = s["every"]
-            if better:
-                s["use"] = other
-        previous = s["time"].get(threads)
-        if not s.pop("cold", False):
-            s["time"][threads] = seconds if previous is None else 0.5 * (previous + seconds)
-
-
-class CPUProgram(Program):
-    """A graph compiled to one shared object; calling it runs every kernel in one C call.
-
-    LUMINAR_DEBUG=1 prints each call's per-kernel times, 2 also the generated C at compile
-    time, 3 also the kernel IR.
-    """
-    backend = "cpu"
-    MAX_PLANS = 64  # memory plans kept for distinct dim values (a growing KV cache makes many)
-
-    def __init__(self, graph, search=None, search_dims=None, seed=0, **options):
-        """Options: `search` False (default; LUMINAR_SEARCH may turn it on), True (a default time
-        budget) or seconds; `search_dims` {dim: value} the shape bucket symbolic dims take while
-        searching (default 128 each); `seed` for the candidates sampled. See compiler/search.py."""
-        super().__init__(graph)
-        if options:
-            raise UnsupportedError(f"cpu backend: unknown options {sorted(options)}; "
-                                   f"known: search, search_dims, seed")
-        from ..compiler import search as search_module
-        self.debug = int(os.environ.get("LUMINAR_DEBUG", "0") or 0)
-        lowering = Lowering(graph)
-        self.kernels = lowering.run()
-        self.search = search_module.options(search, search_dims, seed, dims=self.kernels.dims)
-        self.fusions, self.choices = [], {}
-        if self.search:
-            self.kernels, self.fusions, fixed = search_module.search_fusion(lowering, self.kernels, self.search)
-            self.choices = search_module.search_program(self.kernels, self.search, fixed)
-        self.source = render_program(self.kernels, {name: c.schedule for name, c in self.choices.items()})
-        started = time.perf_counter()
-        self.library = cc.load(self.source)
-        self.compile_seconds = time.perf_counter() - started
-        self._run = self.library.lm_run
-        self._run.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        self._run.restype = None
-        self._run_profiled = self.library.lm_run_profiled
-        self._run_profiled.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        self._run_profiled.restype = None
-        self.library.omp_get_max_threads.restype = ctypes.c_int
-        self.library.omp_set_num_threads.argtypes = [ctypes.c_int]
-        self.threads = ThreadChooser(self.library.omp_get_max_threads(), self.library.omp_set_num_threads)
-        self._plans: dict[tuple, MemoryPlan] = {}
-        self._lifetimes = lifetimes(self.kernels)
-        self._arena = np.empty(0, np.float32)
-        self._pointers: dict[int, ctypes.Array] = {}  # id(memory plan) -> the buffers' addresses
-        self._addresses: dict[str, tuple] = {}  # input name -> (the array last passed, its address)
-        self._outputs: dict[str, np.ndarray] = {}  # output name -> the array the last call returned
-        if self.debug >= 3:
-            for k in self.kernels.kernels:
-                print(f"[luminar] IR {k.name} {k.shape}: {k.value}", file=sys.stderr)
-        if self.debug >= 2:
-            print(self.source, file=sys.stderr)
-        if self.debug >= 1:
-            print(f"[luminar] cpu: {len(self.kernels.kernels)} kernels, shared object ready in "
-                  f"{self.compile_seconds * 1e3:.0f} ms", file=sys.stderr)
-
-    def explain(self) -> str:
-        """Text: each kernel's schedule and where it came from; with search, the candidates tried
-        with their times and the rewrites that turned the naive loop nest into the chosen one."""
-        from ..compiler.search import explain
-        return explain(self.kernels, self.choices, self.search, self.fusions)
-
-    def memory_plan(self, env: dict[str, int], exact: bool = False) -> MemoryPlan:
-        """The arena layout for these dim values. Calls plan for dims rounded up to a power of two,
-        so a growing KV cache re-plans only when it doubles; `exact` plans for the values given."""
-        bucket = dict(env) if exact else {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()}
-        key = (exact, *(bucket.get(d, 0) for d in self.kernels.dims))
-        if key not in self._plans:
-            if len(self._plans) >= self.MAX_PLANS:
-                self._plans.clear()
-                self._pointers.clear()  # (keyed by id: a new plan may reuse a freed one's)
-            self._plans[key] = plan_memory(self.kernels, bucket, life=self._lifetimes)
-        return self._plans[key]
-
-    def execute(self, arrays, env):
-        kp = self.kernels
-        plan = self.memory_plan(env)
-        if self._arena.nbytes < plan.arena_bytes + ALIGN:  # one arena, grown to the largest plan
-            self._arena = np.empty((plan.arena_bytes + ALIGN) // 4, np.float32)
-            self._pointers.clear()
-        base = self._arena.ctypes.data + (-self._arena.ctypes.data) % ALIGN
-        # Filling ~1000 pointers (numpy's .ctypes per array) cost ~0.8 ms a call, a tenth of a decode
-        # step's kernels: the temps' pointers are kept per plan, an input's while it is the same array.
-        if id(plan) not in self._pointers:
-            self._pointers[id(plan)] = pointers = (ctypes.c_void_p * len(kp.buffers))()
-            for buf, offset in plan.offsets.items():
-                pointers[buf] = base + offset
-        pointers, results = self._pointers[id(plan)], {}
-        for name, buf in kp.inputs.items():
-            known = self._addresses.get(name)
-            if known is None or known[0] is not arrays[name]:
-                known = self._addresses[name] = (arrays[name], arrays[name].ctypes.data)
-            pointers[buf] = known[1]
-        for name, buf in kp.outputs.items():
-            shape = tuple(int(d.evaluate(env)) for d in kp.output_shapes[name])
-            last = self._outputs.get(name)
-            # Reuse last call's array when nothing else refers to it (only this dict, `last` and
-            # getrefcount's argument): its pages are already mapped, where a fresh large array
-            # page-faults on every first write.
-            reuse = last is not None and last.shape == shape and sys.getrefcount(last) == 3
-            results[name] = self._outputs[name] = last if reuse else np.empty(shape, np.float32)
-            pointers[buf] = results[name].ctypes.data
-        dims = (ctypes.c_longlong * max(len(kp.dims), 1))(*[env[d] for d in kp.dims])
-        if self.debug >= 1:
-            self._profile(pointers, dims)
-        else:
-            self.threads.run(id(plan), lambda: self._run(pointers, dims))
-        return results
-
-    def _profile(self, pointers, dims):
-        seconds = (ctypes.c_double * max(len(self.kernels.kernels), 1))()
-        self._run_profiled(pointers, dims, seconds)
-        total = sum(seconds[:len(self.kernels.kernels)])
-        print(f"[luminar] cpu call: {total * 1e3:.3f} ms in {len(self.kernels.kernels)} kernels", file=sys.stderr)
-        for k, t in zip(self.kernels.kernels, seconds):
-            print(f"[luminar]   {t * 1e3:9.3f} ms  {k.name} {tuple(str(d) for d in k.shape)}", file=sys.stderr)

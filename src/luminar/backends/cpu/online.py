@@ -13,11 +13,11 @@ Both assume finite q, k, v, as PyTorch's causal kernel does (it never reads mask
 """
 from __future__ import annotations
 
-from ..compiler.kernels import (Apply, Const, Kernel, KernelProgram, Reduce, depends_on, flat_index, numel, substitute,
+from ...compiler.kernels import (Apply, Const, Kernel, KernelProgram, Reduce, depends_on, flat_index, numel, same, substitute,
                                 walk)
-from ..compiler.online import OnlinePlan, factors, same
-from ..ops import PRIMITIVES
-from ..symbolic import Var
+from ...compiler.online import OnlinePlan, factors
+from ...ops import PRIMITIVES
+from ...symbolic import Var
 
 
 def slope(e, target):
@@ -38,19 +38,20 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     """The body of the kernel's C function (see the module doc): blocks of `ti` query rows (a
     multiple of 4) x `tj` keys (a multiple of 16); micro-kernels take 4 rows at a time, then
     single rows (a decode step's one query row costs one row, not four)."""
-    from .cpu import PARALLEL_MIN_WORK, VECTOR_LANES, _Emitter, render_float
+    from . import cc
+    from .render import _Emitter, render_float
+    from .schedules import PARALLEL_MIN_WORK
     *batch, i, d = kernel.loop_vars
     j, k = plan.total.var.name, plan.dot.var.name
     M, N = kernel.shape[-2].render_c(), plan.total.extent.render_c()
     D, K = kernel.shape[-1].value, plan.dot.extent.value
-    nv, dv, c = tj // VECTOR_LANES, D // VECTOR_LANES, render_float(plan.scale)
+    nv, dv, c = tj // cc.VECTOR_LANES, D // cc.VECTOR_LANES, render_float(plan.scale)  # vectors per block row
     vmax = PRIMITIVES["max_reduce"].c  # NaN-propagating, as the max_reduce it replaces
 
     count = [0]  # C names stay unique across the emitters of one function
 
     def emit(expr, indent, names=None, declare=""):
-        em = _Emitter(program, indent)
-        em.names.update(names or {})
+        em = _Emitter(program, indent, names=names or {})
         em.count = count[0]
         value = em.emit(expr)
         count[0] = em.count
@@ -175,8 +176,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     store = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
     out += [f"      for (int lm_ii = 0; lm_ii < lm_nr && lm_i0 + lm_ii < {M}; lm_ii++) {{", f"        const long long {i.name} = lm_i0 + lm_ii;",
             f"        for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
-    em = _Emitter(program, "          ")
-    em.names.update(names)
+    em = _Emitter(program, "          ", names=names)
     em.count = count[0]
     em.names[plan.total] = f"({em.emit(product)} * lm_acc[lm_ii][{d.name}])"
     result = em.emit(kernel.value)

@@ -1,0 +1,56 @@
+"""The GPU kernel dialect: every spelling in which OpenCL C and CUDA C differ, in one place.
+
+The renderer (render.py) writes kernels against this table only: work-item and work-group
+indices, memory spaces, the barrier, the kernel qualifier, the integer type of index math, the
+storage types and the math helpers. The OpenCL target uses `OPENCL`; a CUDA target renders the
+same kernel forms with a table of its own (threadIdx/blockIdx, __shared__, __syncthreads(),
+extern "C" __global__).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    kernel: str  # qualifier of an entry point
+    global_ptr: str  # qualifier of a device-memory pointer
+    local_array: str  # qualifier of a work-group (shared) array
+    barrier: str  # a work-group barrier on local memory
+    index: str  # the 64-bit integer type of index math
+    group_id: str  # format with the axis: the work-group's index
+    local_id: str  # the work-item's index inside its work-group
+    local_size: str  # the work-group's size
+    prelude: str  # helpers and math spellings every program starts with
+    types: dict = field(default_factory=dict)  # storage dtype -> element type of its pointer
+    loads: dict = field(default_factory=dict)  # storage dtype -> format(pointer, index): the element as a float
+
+    def load(self, dtype: str, pointer: str, index: str) -> str:
+        return self.loads.get(dtype, "(float){0}[{1}]").format(pointer, index)
+
+
+# C math names (as ops.PRIMITIVES spell them) mapped onto OpenCL's overloaded built-ins; FP_CONTRACT
+# off so a * b + c is not fused into one rounding (the reference rounds twice; exact tricks such as
+# x - fmod(x, 1) rely on it).
+_OPENCL_PRELUDE = """\
+#pragma OPENCL FP_CONTRACT OFF
+#define exp2f exp2
+#define log2f log2
+#define sinf sin
+#define sqrtf sqrt
+#define fmodf fmod
+inline long lm_mod(long a, long b) { long r = a % b; return (r != 0 && (r < 0) != (b < 0)) ? r + b : r; }
+inline long lm_floordiv(long a, long b) { return (a - lm_mod(a, b)) / b; }
+inline float lm_bf16(ushort b) { return as_float((uint)b << 16); }
+"""
+
+OPENCL = Dialect(
+    name="opencl", kernel="__kernel void", global_ptr="__global", local_array="__local",
+    barrier="barrier(CLK_LOCAL_MEM_FENCE);", index="long",
+    group_id="get_group_id({0})", local_id="get_local_id({0})", local_size="get_local_size({0})",
+    prelude=_OPENCL_PRELUDE,
+    types={"float32": "float", "float16": "half", "bfloat16": "ushort", "int8": "char", "uint8": "uchar",
+           "int32": "int"},
+    loads={"float32": "{0}[{1}]", "float16": "vload_half({1}, {0})", "bfloat16": "lm_bf16({0}[{1}])"},
+)

@@ -1,0 +1,116 @@
+"""The GPU kernel forms (schedules), independent of the dialect, and the rules that pick one.
+
+A kernel's output is mapped onto a grid of work-groups of work-items:
+
+- `Grid`   one work-item per output element (the flat output index split into work-groups of
+           `local`), every reduction serial inside the work-item: any kernel.
+- `Rows`   one work-group per output row; the row values (reductions that do not depend on the
+           innermost output index: a softmax's max and sum, a norm's mean) are split across the
+           work-group's `local` work-items, combined in local memory with barriers, then each
+           work-item writes every `local`-th element of the row.
+- `Tiled`  a reduction with row x column structure (analysis.plan_tiles: a matmul, also with a
+           dequantized weight or a normalized input): work-groups of wi x wj work-items, each
+           computing a register tile of ri x rj outputs (strided by wi, wj), so a work-group
+           covers (wi*ri) x (wj*rj) outputs; with `local` the row and panel operands of `kt`
+           reduction steps are staged in local memory by the whole work-group (barriers around),
+           else each work-item computes its own.
+
+Quantized weights need nothing special: the IR already spells dequantization with primitives,
+so it happens where the operand is read (once per staged element in `Tiled`).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+from ...compiler.analysis import plan_tiles, row_values
+from ...compiler.kernels import Kernel, Reduce, children, depends_on
+
+GROUP = 64  # work-items per work-group of the default Grid and Rows forms
+
+
+@dataclass(frozen=True)
+class Grid:
+    kind: ClassVar[str] = "grid"
+    local: int = GROUP
+
+    def describe(self) -> str:
+        return f"grid: an output element per work-item, work-groups of {self.local}"
+
+
+@dataclass(frozen=True)
+class Rows:
+    kind: ClassVar[str] = "rows"
+    local: int = GROUP  # a power of two (the local-memory reduction halves it)
+
+    def describe(self) -> str:
+        return f"rows: a work-group of {self.local} per row, row values reduced in local memory"
+
+
+@dataclass(frozen=True)
+class Tiled:
+    kind: ClassVar[str] = "tiled"
+    wi: int = 8
+    wj: int = 8
+    ri: int = 2
+    rj: int = 2
+    kt: int = 16
+    local: bool = True
+
+    @property
+    def block(self) -> tuple[int, int]:
+        """Outputs (rows, columns) one work-group computes."""
+        return self.wi * self.ri, self.wj * self.rj
+
+    def local_floats(self, rows: int, panels: int) -> int:
+        """Floats of local memory the staged operands take."""
+        bi, bj = self.block
+        return (bi * rows + bj * panels) * self.kt if self.local else 0
+
+    def describe(self) -> str:
+        staged = f", {self.kt} steps staged in local memory" if self.local else ", operands read per work-item"
+        return f"tiled: work-groups of {self.wi}x{self.wj}, {self.ri}x{self.rj} outputs per work-item{staged}"
+
+
+Schedule = Grid | Rows | Tiled
+KINDS = {cls.kind: cls for cls in (Grid, Rows, Tiled)}
+
+
+def to_json(schedule: Schedule) -> dict:
+    return {"kind": schedule.kind, **asdict(schedule)}
+
+
+def from_json(data: dict) -> Schedule:
+    fields = dict(data)
+    return KINDS[fields.pop("kind")](**fields)
+
+
+def hoisted_rows(kernel: Kernel) -> list[Reduce]:
+    """The row values the Rows form reduces across a work-group, inner ones first: reductions
+    that read only the outer output indices and dims (not the innermost index, nor the variable
+    of an enclosing reduction; loop variables are the names that start with an underscore)."""
+    if not kernel.shape:
+        return []
+    outer = {v.name for v in kernel.loop_vars[:-1]}
+    found = []
+
+    def visit(e):
+        for child in children(e):
+            visit(child)
+        if isinstance(e, Reduce) and e not in found and not any(d.startswith("_") for d in depends_on(e) - outer):
+            found.append(e)
+    visit(kernel.value)
+    return found
+
+
+def default_schedule(kernel: Kernel) -> Schedule:
+    """Tiles for a reduction with row x column structure and more than a few rows, a work-group
+    per row for kernels with row values, else an output element per work-item."""
+    plan = plan_tiles(kernel)
+    if plan is not None and plan.i is not None:
+        rows = kernel.shape[-2]
+        if not rows.is_const or rows.value >= 4:
+            return Tiled()
+    if row_values(kernel) and hoisted_rows(kernel):
+        return Rows()
+    return Grid()
