@@ -715,6 +715,11 @@ class GenerationStats:
         return (self.new_tokens - 1) / self.decode_seconds if self.new_tokens > 1 and self.decode_seconds > 0 else 0.0
 
 
+# The shape buckets the search times (search_dims): one new token (a decode step) and a 128-token
+# prefill, each keeping only the last row's logits (r = 1), as generation does.
+SEARCH_BUCKETS = {"s": [1, 128], "r": 1}
+
+
 class LlamaModel:
     """A compiled Llama-family model with its tokenizer: `logits`, `generate`, `chat`."""
 
@@ -728,6 +733,8 @@ class LlamaModel:
         say(f"built the graph ({len(graph.nodes):,} nodes) in {time.perf_counter() - started:.1f} s; "
             f"compiling for {backend}...")
         started = time.perf_counter()
+        if backend in ("cpu", "opencl"):  # with search on: a decode step and a prefill get their own schedules
+            compile_options.setdefault("search_dims", {d: v for d, v in SEARCH_BUCKETS.items() if d in graph.dims()})
         self.program = graph.compile(backend, **compile_options)
         rope = {"inv_freq": rope_inv_freq(config, factors=weights.rope_factors)}
         if "inv_freq_local" in graph.inputs:
