@@ -56,13 +56,22 @@ def _random_model(arch: str):
     return model.eval()
 
 
+_saved = {}
+
+
+def _saved_model(arch: str, tmp_path_factory):
+    """(directory, transformers model) of one architecture saved with save_pretrained, once."""
+    if arch not in _saved:
+        model = _random_model(arch)
+        directory = tmp_path_factory.mktemp(arch)
+        model.save_pretrained(directory)
+        _saved[arch] = directory, model
+    return _saved[arch]
+
+
 @pytest.fixture(scope="module", params=list(ARCHS))
 def saved(request, tmp_path_factory):
-    """(directory, transformers model) of one architecture saved with save_pretrained."""
-    model = _random_model(request.param)
-    directory = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(directory)
-    return directory, model
+    return _saved_model(request.param, tmp_path_factory)
 
 
 def _reference_logits(model, ids):
@@ -70,15 +79,15 @@ def _reference_logits(model, ids):
         return model(torch.tensor(ids[None]).long()).logits[0].numpy()
 
 
-# the cpu backend compiles C (seconds per model): it runs the two models with the most new paths
-ON_CPU = {"mistral-sliding-window", "gemma3"}
+# every architecture on the reference backend; the cpu backend compiles C (seconds per model),
+# so it runs the two models with the most new paths (sliding windows, q/k norms, Gemma's norms)
+CASES = [(arch, "reference") for arch in ARCHS] + \
+    [(arch, "cpu") for arch in ("mistral-sliding-window", "gemma3") if "cpu" in BACKENDS]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_architecture_matches_transformers(saved, backend, request):
-    directory, reference = saved
-    if backend == "cpu" and request.node.callspec.params["saved"] not in ON_CPU:
-        pytest.skip("compiled on cpu for " + ", ".join(sorted(ON_CPU)) + " only (time budget)")
+@pytest.mark.parametrize("arch, backend", CASES)
+def test_architecture_matches_transformers(arch, backend, tmp_path_factory):
+    directory, reference = _saved_model(arch, tmp_path_factory)
     model = load(directory, backend=backend)
     ours, theirs = model.logits(IDS), _reference_logits(reference, IDS)
     np.testing.assert_allclose(ours, theirs, atol=2e-4, rtol=0)
@@ -175,3 +184,12 @@ def test_a_null_or_false_unknown_field_is_accepted(llama, tmp_path):
     directory = _copy_with(llama, tmp_path, lambda c: c.update(some_future_feature=None, another_one=False))
     model = load(directory, backend="reference")
     np.testing.assert_allclose(model.logits(IDS), _reference_logits(llama[1], IDS), atol=2e-4, rtol=0)
+
+
+def test_a_tied_model_with_its_own_lm_head_is_refused(llama, tmp_path):
+    """tie_word_embeddings=true and an lm_head.weight that differs from the embeddings: one of
+    the two would be ignored, so loading stops and names it."""
+    def tie(config):
+        config["tie_word_embeddings"] = True
+    with pytest.raises(WeightFileError, match="lm_head.weight"):
+        load(_copy_with(llama, tmp_path, tie), backend="reference")
