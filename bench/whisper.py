@@ -135,7 +135,11 @@ def markdown(r: dict) -> str:
         lines.append(f"| {name} {MATMUL[0]}x{MATMUL[1]} @ {MATMUL[1]}x{MATMUL[2]} | {median(name) * 1e3:.1f} ms | "
                      f"{t[name]['best_ms']:.1f} ms | {t[name]['samples']} | {flops / median(name) / 1e9:.1f} GFLOP/s | |")
     ratio = reference / median("luminar")
-    lines += ["", f"**luminar / faster-whisper fp32: {ratio:.2f}x** "
+    best = t["faster-whisper fp32"]["best_ms"] / t["luminar"]["best_ms"]
+    rounds = ", ".join(f"{a / 1e3:.2f}/{b / 1e3:.2f}" for a, b in zip(t["luminar"]["all_ms"], t["faster-whisper fp32"]["all_ms"]))
+    lines += ["", f"Whole clip, round by round (luminar / faster-whisper fp32 seconds): {rounds}. Best against best: "
+              f"{best:.2f}x. luminar's times spread far more than CTranslate2's when other jobs take a CPU."]
+    lines += ["", f"**luminar / faster-whisper fp32 (medians): {ratio:.2f}x** "
               f"({'luminar faster' if ratio > 1 else 'faster-whisper faster'}; goal: > 1). "
               f"Load (read + build + compile): luminar {r['load_s']['luminar']:.1f} s, "
               f"faster-whisper {r['load_s']['faster-whisper fp32']:.1f} s.", "", "Transcripts:", ""]
