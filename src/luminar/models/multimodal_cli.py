@@ -46,8 +46,8 @@ def _timed_log(log):
 
 
 def _transcribe(args, log) -> int:
-    from .models.audio import SAMPLE_RATE, load_audio
-    from .models.whisper import load_whisper
+    from .audio import SAMPLE_RATE, load_audio
+    from .whisper import load_whisper
     say = _timed_log(log)
     samples = load_audio(args.audio)  # read first: a bad file fails before the model compiles
     say(f"read {args.audio}: {len(samples) / SAMPLE_RATE:.1f} s of audio")
@@ -62,7 +62,7 @@ def _transcribe(args, log) -> int:
 
 
 def _vlm(args, log) -> int:
-    from .models.llava import load_llava
+    from .llava import load_llava
     say = _timed_log(log)
     model = load_llava(args.model, backend=args.backend, progress=say)
     for piece in model.chat(args.question, args.image, max_new_tokens=args.max_new_tokens, stream=True):
