@@ -500,7 +500,8 @@ def goal_rows(data: dict) -> list[list[str]]:
          f"{hf_tok:.1f} ({decode['transformers']['tok_s']['best']:.1f})", f"{lo:.0f}–{hi:.0f}",
          "≥ 4× transformers", verdict(lum_tok >= 4 * hf_tok, f"{lum_tok / hf_tok:.2f}× transformers")],
         ["", "", "", "", "≥ llama.cpp",
-         verdict(lum_tok >= hi, f"{lum_tok / hi:.2f}–{lum_tok / lo:.2f}× llama.cpp")],
+         verdict(lum_tok >= hi, f"{lum_tok / hi:.2f}× llama.cpp" if lo == hi else
+                 f"{lum_tok / hi:.2f}–{lum_tok / lo:.2f}× llama.cpp")],
         [f"prefill {p} tokens, s (median, best)",
          f"{lum_pf:.3f} ({prefill['luminar']['seconds']['best']:.3f})",
          f"{hf_pf:.3f} ({prefill['transformers']['seconds']['best']:.3f})",
@@ -592,7 +593,8 @@ def render(data: dict) -> str:
             "Q4_1 file, two threads, measured earlier on the project's machine class). The decode goal is "
             "judged against the top of its range."),
            f"- FACTS.md's figures (transformers ~{FACTS_TRANSFORMERS['decode_tok_s']} tok/s decode, "
-           f"~{FACTS_TRANSFORMERS['prefill_512_s']} s prefill 512; llama.cpp above) come from a {FACTS_CPU}; "
+           f"~{FACTS_TRANSFORMERS['prefill_512_s']} s prefill 512"
+           f"{'' if data.get('peer', {}).get('models') else '; llama.cpp above'}) come from a {FACTS_CPU}; "
            f"this run's CPU is {mach['cpu']}"
            + (": the same class." if "Xeon" in mach["cpu"] else ", a different one, so only the ratios to the "
               "transformers column (same run) are like for like; the llama.cpp column is indicative."),
