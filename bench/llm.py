@@ -596,8 +596,9 @@ def render(data: dict) -> str:
            f"~{FACTS_TRANSFORMERS['prefill_512_s']} s prefill 512"
            f"{'' if data.get('peer', {}).get('models') else '; llama.cpp above'}) come from a {FACTS_CPU}; "
            f"this run's CPU is {mach['cpu']}"
-           + (": the same class." if "Xeon" in mach["cpu"] else ", a different one, so only the ratios to the "
-              "transformers column (same run) are like for like; the llama.cpp column is indicative."),
+           + (": the same class." if "Xeon" in mach["cpu"] else ", a different one, so only ratios within this "
+              "run are like for like" + ("." if data.get("peer", {}).get("models") else
+                                         "; the llama.cpp column is indicative.")),
            ]
     if "peer" in data:
         out.append(render_peer(data["peer"], c))
