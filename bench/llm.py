@@ -497,7 +497,7 @@ def goal_rows(data: dict) -> list[list[str]]:
     rows = [
         [f"decode tok/s (batch 1, greedy, {n} new tokens; median, best)",
          f"{lum_tok:.1f} ({decode['luminar']['tok_s']['best']:.1f})",
-         f"{hf_tok:.1f} ({decode['transformers']['tok_s']['best']:.1f})", f"{lo:.0f}–{hi:.0f}",
+         f"{hf_tok:.1f} ({decode['transformers']['tok_s']['best']:.1f})", (f"{hi:.1f}" if lo == hi else f"{lo:.0f}–{hi:.0f}"),
          "≥ 4× transformers", verdict(lum_tok >= 4 * hf_tok, f"{lum_tok / hf_tok:.2f}× transformers")],
         ["", "", "", "", "≥ llama.cpp",
          verdict(lum_tok >= hi, f"{lum_tok / hi:.2f}× llama.cpp" if lo == hi else
