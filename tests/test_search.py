@@ -75,10 +75,10 @@ def candidates(name):
     kernel = max(program.kernels, key=lambda k: value_at(work(k), ENV))
     sp, default = CPU.space(kernel, ENV), default_schedule(kernel)
     nests = search.sample(search.saturate(CPU, sp), 60, 0, CPU.viable(kernel, sp),
-                          lambda nest: CPU.to_schedule(nest, kernel) is not None)
+                          lambda nest: CPU.to_schedule(nest, kernel, sp) is not None)
     found = {}  # schedule -> the first nest that gave it
     for nest in nests:
-        found.setdefault(CPU.to_schedule(nest, kernel), nest)
+        found.setdefault(CPU.to_schedule(nest, kernel, sp), nest)
     schedules = [default] + [s for s in found if s != default][:14]
     return program, kernel, schedules, found
 

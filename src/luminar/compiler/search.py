@@ -146,10 +146,12 @@ PACK, PACK_ROWS = Mark("pack"), Mark("rows")  # panels into a local buffer here;
 
 @dataclass
 class Space:
-    """What the search knows about one kernel: its naive loop nest (Loop items, outer to inner)
-    and the facts (relation name, *arguments) guarding the target's rules."""
+    """What the search knows about one kernel: its naive loop nest (Loop items, outer to inner),
+    the facts (relation name, *arguments) guarding the target's rules, and the target's own
+    analysis of the kernel, handed back to viable and to_schedule (which run per sampled nest)."""
     naive: tuple
     facts: list
+    context: object = None
 
 
 class Language(NamedTuple):
@@ -384,9 +386,9 @@ def search_kernel(target: Target, program: KernelProgram, kernel: Kernel, env: d
     if sp is None:
         return Choice(default, "default")
     nests = {}
-    accept = lambda nest: target.to_schedule(nest, kernel) is not None  # noqa: E731
+    accept = lambda nest: target.to_schedule(nest, kernel, sp) is not None  # noqa: E731
     for nest in sample(saturate(target, sp), SAMPLES, seed, target.viable(kernel, sp), accept):
-        nests.setdefault(target.to_schedule(nest, kernel), nest)  # (the nest explain shows)
+        nests.setdefault(target.to_schedule(nest, kernel, sp), nest)  # (the nest explain shows)
     ranked = sorted((s for s in nests if s != default), key=lambda s: target.estimate(program, kernel, s, env))
     schedules = [default] + pick(target, ranked, TIMED - 1)
     bench = target.bench(program, kernel, schedules, env, seed)

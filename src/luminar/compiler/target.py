@@ -62,7 +62,7 @@ class Target:
     def viable(self, kernel, space):
         """A test `(prefix, item) -> bool` pruning nests no schedule can express while sampling."""
 
-    def to_schedule(self, nest: tuple, kernel):
+    def to_schedule(self, nest: tuple, kernel, space):
         """The schedule a nest describes, or None when this target cannot run it."""
 
     def family(self, schedule):

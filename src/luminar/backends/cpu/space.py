@@ -32,7 +32,7 @@ def space(kernel: Kernel, env: dict) -> Space | None:
     Tile factors come from SIMD widths (columns: multiples of 16 floats), register-tile heights,
     cache-sized row blocks, and lane counts for split reductions. None for an online-softmax
     kernel: its block sizes are chosen with its fusion (search.search_fusion)."""
-    if isinstance(default_schedule(kernel), Online):
+    if isinstance(default := default_schedule(kernel), Online):
         return None
     names = [v.name for v in kernel.loop_vars]
     extents = [value_at(x, env) for x in kernel.shape]
@@ -62,7 +62,7 @@ def space(kernel: Kernel, env: dict) -> Space | None:
             facts.append(("packable",))
         if packable_rows(kernel, plan):
             facts.append(("rows_packable",))
-    return Space(tuple(nest), list(dict.fromkeys(facts)))
+    return Space(tuple(nest), list(dict.fromkeys(facts)), (plan, default))
 
 
 def viable(kernel: Kernel, sp: Space):
@@ -112,9 +112,9 @@ def viable(kernel: Kernel, sp: Space):
     return test
 
 
-def to_schedule(nest: tuple, kernel: Kernel) -> Loops | Tiled | None:
+def to_schedule(nest: tuple, kernel: Kernel, sp: Space) -> Loops | Tiled | None:
     """The schedule a nest describes, or None when no renderer implements it."""
-    names, plan, default = [v.name for v in kernel.loop_vars], plan_tiles(kernel), default_schedule(kernel)
+    names, (plan, default) = [v.name for v in kernel.loop_vars], sp.context
     if nest and nest[0] == PACK_ROWS:
         tiled = _tiled_schedule(nest[1:], kernel, plan, default) if plan is not None else None
         return dataclasses.replace(tiled, pack_rows=True) if tiled is not None else None

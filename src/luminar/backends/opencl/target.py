@@ -35,7 +35,7 @@ class OpenCLTarget(Target):
     def space(self, kernel, env: dict):
         return space.space(kernel, env, device().max_group)
 
-    def to_schedule(self, nest: tuple, kernel):
+    def to_schedule(self, nest: tuple, kernel, sp=None):
         dev = device()
         return space.to_schedule(nest, kernel, dev.max_group, dev.local_bytes)
 
