@@ -617,7 +617,7 @@ def _searched(choice: Choice) -> list[str]:
             when = "   failed" if seconds is None else f"{seconds * 1e3:9.3f} ms"
             mark = " <- chosen" if desc == choice.schedule.describe() else ""
             lines.append(f"    {when}  {desc}{' (default)' if is_default else ''}{mark}")
-    if choice.nest:
-        lines += [f"  naive:  {show_nest(choice.naive)}", f"  chosen: {show_nest(choice.nest)}"]
+    if choice.naive:  # (the rule-chosen default may win without being one of the sampled nests)
+        lines += [f"  naive:  {show_nest(choice.naive)}", f"  chosen: {show_nest(choice.nest) or 'the default'}"]
         lines += [f"    - {step}" for step in rewrites(choice.naive, choice.nest)] or ["    (no rewrites)"]
     return lines
