@@ -1,6 +1,6 @@
 """What the machine is and what it can do: description, idle detection, and measured limits.
 
-The limits are measured, not looked up: peak FP32 FLOP/s from a C loop of independent 512-bit
+The limits are measured, not looked up: peak FP32 FLOP/s from a C loop of independent SIMD-register
 FMA accumulators, and memory bandwidth from copy and sum over arrays far larger than the
 caches. The C is compiled exactly like luminar's kernels (luminar.backends.cpu.cc.build_many: same
 compiler, same flags, same cache), so "peak" means what generated C can reach here.
@@ -17,9 +17,12 @@ import time
 
 import numpy as np
 
+# LANES is the machine's SIMD width in floats (luminar.backends.cpu.cc.VECTOR_LANES: 16 with AVX-512,
+# 8 on AVX2), set when the source is built: a 64-byte vector type on an AVX2 CPU compiles to code
+# through memory and measured a tenth of the real peak.
 LIMITS_C = r"""
 #include <omp.h>
-typedef float v16 __attribute__((vector_size(64)));  /* one 512-bit register */
+typedef float v16 __attribute__((vector_size(LANES * 4)));  /* one SIMD register */
 
 /* 12 independent accumulators hide the FMA latency; each step is one FMA per accumulator. Their
    start values depend on the thread number, so the compiler can neither fold nor merge them. */
@@ -41,7 +44,7 @@ double bench_fma(long long iters, int threads, float *sink) {
             STEP(r6) STEP(r7) STEP(r8) STEP(r9) STEP(r10) STEP(r11)
         }
         v16 total = r0 + r1 + r2 + r3 + r4 + r5 + r6 + r7 + r8 + r9 + r10 + r11;
-        sink[omp_get_thread_num()] = total[0] + total[15];
+        sink[omp_get_thread_num()] = total[0] + total[LANES - 1];
         #pragma omp barrier
         #pragma omp master
         stop = omp_get_wtime();
@@ -52,41 +55,43 @@ double bench_fma(long long iters, int threads, float *sink) {
 /* Explicit vectors: luminar's flags need not allow reassociating a float sum (no -ffast-math). */
 double bench_sum(const float *restrict x, long long n, int threads, float *sink) {
     double start = omp_get_wtime();
-    const long long blocks = n / 64;  /* 4 vectors of 16 floats, 4 independent accumulators */
+    const long long blocks = n / (4 * LANES);  /* 4 vectors, 4 independent accumulators */
     float total = 0.0f;
     #pragma omp parallel num_threads(threads) reduction(+:total)
     {
         v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, t0, t1, t2, t3;
         #pragma omp for schedule(static)
         for (long long b = 0; b < blocks; b++) {
-            const float *p = x + b * 64;
-            __builtin_memcpy(&t0, p, 64); __builtin_memcpy(&t1, p + 16, 64);
-            __builtin_memcpy(&t2, p + 32, 64); __builtin_memcpy(&t3, p + 48, 64);
+            const float *p = x + b * 4 * LANES;
+            __builtin_memcpy(&t0, p, sizeof t0); __builtin_memcpy(&t1, p + LANES, sizeof t1);
+            __builtin_memcpy(&t2, p + 2 * LANES, sizeof t2); __builtin_memcpy(&t3, p + 3 * LANES, sizeof t3);
             a0 += t0; a1 += t1; a2 += t2; a3 += t3;
         }
         v16 s = a0 + a1 + a2 + a3;
-        for (int k = 0; k < 16; k++) total += s[k];
+        for (int k = 0; k < LANES; k++) total += s[k];
     }
-    for (long long i = blocks * 64; i < n; i++) total += x[i];
+    for (long long i = blocks * 4 * LANES; i < n; i++) total += x[i];
     *sink = total;
     return omp_get_wtime() - start;
 }
 
 double bench_copy(float *restrict dst, const float *restrict src, long long n, int threads) {
     double start = omp_get_wtime();
-    const long long blocks = n / 16;
+    const long long blocks = n / LANES;
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (long long b = 0; b < blocks; b++) {
         v16 t;
-        __builtin_memcpy(&t, src + b * 16, 64);
-        __builtin_memcpy(dst + b * 16, &t, 64);
+        __builtin_memcpy(&t, src + b * LANES, sizeof t);
+        __builtin_memcpy(dst + b * LANES, &t, sizeof t);
     }
-    for (long long i = blocks * 16; i < n; i++) dst[i] = src[i];
+    for (long long i = blocks * LANES; i < n; i++) dst[i] = src[i];
     return omp_get_wtime() - start;
 }
 """
 
-FMA_FLOPS_PER_ITER = 12 * 16 * 2  # accumulators x lanes x (mul + add)
+def _fma_flops_per_iter() -> int:
+    from luminar.backends.cpu import cc
+    return 12 * cc.VECTOR_LANES * 2  # accumulators x lanes x (mul + add)
 
 
 # -- description ---------------------------------------------------------------------------------
@@ -229,7 +234,7 @@ def _own_cpu() -> float:
 # -- measured limits -------------------------------------------------------------------------------
 def _library():
     from luminar.backends.cpu import cc  # same compiler, flags and cache as luminar's kernels
-    lib = ctypes.CDLL(str(cc.build_many([LIMITS_C])[0]))
+    lib = ctypes.CDLL(str(cc.build_many([f"#define LANES {cc.VECTOR_LANES}\n" + LIMITS_C])[0]))
     lib.bench_fma.argtypes = [ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
     lib.bench_sum.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
     lib.bench_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int]
@@ -252,8 +257,8 @@ def measure_limits(threads=(1, 2), bandwidth_mb: int = 256, repeats: int = 11, f
     nbytes = src.nbytes
     kernels = {}  # (name, threads, unit) -> (work per run, run() -> seconds)
     for n in threads:
-        kernels[("FMA peak (C, 512-bit vectors)", n, "GFLOP/s")] = (
-            n * iters * FMA_FLOPS_PER_ITER, lambda n=n: lib.bench_fma(iters, n, sink.ctypes.data))
+        kernels[("FMA peak (C, SIMD vectors)", n, "GFLOP/s")] = (
+            n * iters * _fma_flops_per_iter(), lambda n=n: lib.bench_fma(iters, n, sink.ctypes.data))
     for n in threads:
         kernels[("sum (C, read)", n, "GB/s")] = (
             nbytes, lambda n=n: lib.bench_sum(src.ctypes.data, count, n, sink.ctypes.data))
