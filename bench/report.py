@@ -169,7 +169,7 @@ def markdown(results) -> str:
         "",
         "## Machine limits (measured)",
         "",
-        f"Peak: 12 independent 512-bit FMA accumulators in C (compiled like luminar's kernels). Bandwidth: "
+        f"Peak: 12 independent SIMD-register FMA accumulators in C (compiled like luminar's kernels). Bandwidth: "
         f"{limits['array_mb']} MiB arrays; copy counts bytes read + written. A limit is the best run of any row "
         f"(other work only ever lowers a measurement); goals and *of limit* compare luminar's median with it: "
         f"**{limits['peak_gflops']:.1f} GFLOP/s** and **{limits['bandwidth_gbs']:.1f} GB/s**.",
