@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import statistics
+import time
 from pathlib import Path
 
 from ..errors import LuminarError
@@ -35,6 +37,29 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("LUMINAR_CACHE") or Path.home() / ".cache" / "luminar")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def time_interleaved(run, which: list[int], budget_s: float, sample_s: float = 0.002) -> dict[int, float]:
+    """Median seconds per call of each candidate in `which`, measured in interleaved rounds (one
+    sample of each per round, so a burst of outside load hits all alike): `run(k, reps)` calls
+    candidate k `reps` times and returns once they are done; a sample repeats the call until it
+    lasts about `sample_s`. After each round candidates slower than 1.5x the best so far drop out;
+    rounds stop when the budget is spent (at least 3 rounds for the leaders). A target's bench
+    times with this after validating (its warm-up)."""
+    samples, reps = {k: [] for k in which}, dict.fromkeys(which, 1)
+    alive, deadline = list(which), time.perf_counter() + budget_s
+    for round_ in range(25 if which else 0):
+        for k in alive:
+            start = time.perf_counter()
+            run(k, reps[k])
+            seconds = (time.perf_counter() - start) / reps[k]
+            samples[k].append(seconds)
+            reps[k] = max(1, min(1000, int(sample_s / max(seconds, 1e-7))))
+        best = min(statistics.median(samples[k]) for k in alive)
+        alive = [k for k in alive if statistics.median(samples[k]) <= 1.5 * best]
+        if round_ >= 2 and time.perf_counter() > deadline:
+            break
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 class Target:

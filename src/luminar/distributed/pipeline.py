@@ -25,7 +25,7 @@ from ..errors import InputError, ShapeError
 from ..models.llama import KVCache
 from .collective import CollectiveGraph
 from .comm import Communicator, _split_counts
-from .tensor_parallel import Shard, ShardReader, _check_ids, build_layers, compile_model
+from .tensor_parallel import Shard, ShardReader, _check_ids, build_layers, compile_model, greedy
 
 
 class PipelineLlama:
@@ -93,13 +93,4 @@ class PipelineLlama:
     def generate_greedy(self, token_ids: Sequence[int], max_new_tokens: int, stop_ids=()) -> list[int]:
         """Greedy continuation of one sequence (every rank returns the same tokens)."""
         cache = self.new_cache(len(token_ids) + max_new_tokens)
-        new, logits = [], self.forward_many([token_ids], [cache])[0]
-        for _ in range(max_new_tokens):
-            token = int(np.argmax(logits[-1]))
-            if token in stop_ids:  # the turn ends before its stop token
-                break
-            new.append(token)
-            if len(new) == max_new_tokens:
-                break
-            logits = self.forward_many([[token]], [cache])[0]
-        return new
+        return greedy(lambda ids: self.forward_many([ids], [cache])[0], token_ids, max_new_tokens, stop_ids)

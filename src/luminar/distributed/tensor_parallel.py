@@ -277,16 +277,7 @@ class TensorParallelLlama:
         """Greedy continuation: every rank computes the same logits, so every rank picks the same
         token without a broadcast."""
         cache = self.new_cache(len(token_ids) + max_new_tokens)
-        new, logits = [], self.forward(token_ids, cache)
-        for _ in range(max_new_tokens):
-            token = int(np.argmax(logits[-1]))
-            if token in stop_ids:  # the turn ends before its stop token
-                break
-            new.append(token)
-            if len(new) == max_new_tokens:
-                break
-            logits = self.forward([token], cache)
-        return new
+        return greedy(lambda ids: self.forward(ids, cache), token_ids, max_new_tokens, stop_ids)
 
 
 def _ignorable(reader: ShardReader) -> set[str]:
@@ -306,3 +297,18 @@ def _check_ids(token_ids, config: LlamaConfig) -> np.ndarray:
     if ids.min() < 0 or ids.max() >= config.vocab_size:
         raise ShapeError(f"token ids must be in 0..{config.vocab_size - 1}, got {ids.min()}..{ids.max()}")
     return ids.astype(np.int32)
+
+
+def greedy(forward: Callable, token_ids: Sequence[int], max_new_tokens: int, stop_ids=()) -> list[int]:
+    """Up to `max_new_tokens` argmax tokens after `token_ids`, stopping before a stop token;
+    `forward(ids)` runs the model on new ids (with its cache) and returns their logits."""
+    new, logits = [], forward(token_ids)
+    for _ in range(max_new_tokens):
+        token = int(np.argmax(logits[-1]))
+        if token in stop_ids:  # the turn ends before its stop token
+            break
+        new.append(token)
+        if len(new) == max_new_tokens:
+            break
+        logits = forward([token])
+    return new

@@ -11,19 +11,17 @@ import dataclasses
 import functools
 import json
 import platform
-import statistics
-import time
 
 import numpy as np
 
 from ...compiler.kernels import loads
+from ...compiler.target import time_interleaved
 from . import cc
 from .render import PRELUDE, render_kernel, render_oracle
 
 RTOL = 1e-3  # a candidate's output must match the oracle's within this (relative to the output's scale)
 
 
-SAMPLE_S = 0.002  # a timing sample repeats the call until it lasts about this long
 
 
 class Bench:
@@ -75,29 +73,11 @@ class Bench:
         return ok
 
     def time(self, which: list[int], budget_s: float) -> dict[int, float]:
-        """Median seconds per call of each variant in `which`, in interleaved rounds (one sample of
-        each contender per round, so a burst of outside load hits all alike). Validation ran each
-        once already (the warm-up); after each round, variants slower than 1.5x the best so far
-        drop out, and rounds stop when the budget is spent (at least 3 rounds for the leaders)."""
-        samples = {k: [] for k in which}
-        if not which:
-            return {}
-        reps = dict.fromkeys(which, 1)
-        deadline = time.perf_counter() + budget_s
-        alive = list(which)
-        for round_ in range(25):
-            for k in alive:
-                start = time.perf_counter()
-                for _ in range(reps[k]):
-                    self.calls[k](self.pointers, self.dims)
-                seconds = (time.perf_counter() - start) / reps[k]
-                samples[k].append(seconds)
-                reps[k] = max(1, min(1000, int(SAMPLE_S / max(seconds, 1e-7))))
-            best = min(statistics.median(samples[k]) for k in alive)
-            alive = [k for k in alive if statistics.median(samples[k]) <= 1.5 * best]
-            if round_ >= 2 and time.perf_counter() > deadline:
-                break
-        return {k: statistics.median(v) for k, v in samples.items()}
+        """Median seconds per call of each variant in `which` (compiler.target.time_interleaved)."""
+        def run(k: int, reps: int) -> None:
+            for _ in range(reps):
+                self.calls[k](self.pointers, self.dims)
+        return time_interleaved(run, which, budget_s)
 
 
 def _variants_source(program, kernel, schedules, which, oracle) -> str:

@@ -8,12 +8,11 @@ integers: never all zero), drawn with the search's seed.
 """
 from __future__ import annotations
 
-import statistics
-import time
 
 import numpy as np
 
 from ...compiler.kernels import loads
+from ...compiler.target import time_interleaved
 from .device import device, opencl
 from .dialect import OPENCL
 from .render import launch, render_kernel, render_sampled
@@ -137,29 +136,16 @@ class Bench:
         return ok
 
     def time(self, which: list[int], budget_s: float) -> dict[int, float]:
-        """Median seconds per call of each variant in `which`, in interleaved rounds (one sample of
-        each per round); variants slower than 1.5x the best so far drop out after each round."""
-        samples = {k: [] for k in which}
-        if not which:
-            return {}
-        reps, alive = dict.fromkeys(which, 1), list(which)
-        deadline = time.perf_counter() + budget_s
+        """Median seconds per call of each variant in `which` (compiler.target.time_interleaved),
+        each sample waiting for the device queue to drain before and after."""
         queue = self.kernels.dev.queue
-        for round_ in range(25):
-            for k in alive:
-                queue.finish()
-                start = time.perf_counter()
-                for _ in range(reps[k]):
-                    self.kernels.run(k)
-                queue.finish()
-                seconds = (time.perf_counter() - start) / reps[k]
-                samples[k].append(seconds)
-                reps[k] = max(1, min(1000, int(SAMPLE_S / max(seconds, 1e-7))))
-            best = min(statistics.median(samples[k]) for k in alive)
-            alive = [k for k in alive if statistics.median(samples[k]) <= 1.5 * best]
-            if round_ >= 2 and time.perf_counter() > deadline:
-                break
-        return {k: statistics.median(v) for k, v in samples.items()}
+
+        def run(k: int, reps: int) -> None:
+            queue.finish()
+            for _ in range(reps):
+                self.kernels.run(k)
+            queue.finish()
+        return time_interleaved(run, which, budget_s, SAMPLE_S)
 
 
 def run_chain(program, kernels: list, arrays: dict, env: dict) -> None:
