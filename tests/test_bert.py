@@ -138,3 +138,17 @@ def test_embed_command(embedder, capsys):
     assert len(lines) == 2 and lines[0].startswith("0.75") and lines[0].endswith(BREAD)
     assert main(["embed", "--similarity", FOOD, "--quiet"]) == 1
     assert "at least one other" in capsys.readouterr().err
+
+
+def test_a_tensor_the_model_does_not_use_is_refused():
+    """Like torch's strict load_state_dict: an extra tensor (here a second pooler-like head under
+    another name) is an error, not silently dropped; the pooler and position_ids are known unused."""
+    torch.manual_seed(0)
+    hf = transformers.BertConfig(vocab_size=31, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=24, max_position_embeddings=8)
+    weights = {k: v.numpy() for k, v in transformers.BertModel(hf).state_dict().items()}
+    config = BertConfig(vocab_size=31, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=24, max_position_embeddings=8)
+    build_graph(config, weights)  # pooler.* and embeddings.position_ids are there and allowed
+    with pytest.raises(WeightFileError, match="does not use, e.g. 'classifier.weight'"):
+        build_graph(config, {**weights, "classifier.weight": np.zeros((2, 16), np.float32)})

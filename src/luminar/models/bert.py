@@ -146,6 +146,12 @@ def build_graph(config: BertConfig, weights: dict[str, np.ndarray]) -> tuple[Gra
     mean = summed / lm.clamp(mask.sum(1, keepdim=True), min=1e-9)
     norm = lm.clamp((mean * mean).sum(-1, keepdim=True).sqrt(), min=1e-12)
     (mean / norm).output("embeddings")
+    # every tensor is consumed, but for the [CLS] pooler head (mean pooling replaces it) and the
+    # position-id buffer (a constant arange): anything else would be a silently ignored weight
+    unused = sorted(n for n in weights if n not in declared and not n.startswith("pooler.")
+                    and n != "embeddings.position_ids")
+    if unused:
+        raise WeightFileError(f"BERT weights: {len(unused)} tensors the model does not use, e.g. {unused[0]!r}")
     return g, arrays
 
 
