@@ -41,7 +41,7 @@ class Program:
 
     def run(self, inputs: dict, dims: dict | None = None) -> dict[str, np.ndarray]:
         """Run with `inputs` (name -> array); `dims` binds symbolic dims no input shape determines."""
-        arrays, env = self.bind({**self.fixed, **inputs}, dims or {})
+        arrays, env = self.bind(inputs, dims or {})
         results = self.execute(arrays, env)
         for name, output in self.graph.updates.items():  # state: the new value is the next input
             self.fixed[name] = results.pop(output)
@@ -56,12 +56,14 @@ class Program:
         raise NotImplementedError
 
     def bind(self, inputs: dict, dims: dict) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-        """Validate the inputs against the declared ones; return storage arrays and the dim values."""
+        """Validate the inputs against the declared ones; return storage arrays (the fixed inputs
+        for those not passed) and the dim values. Only what the call passes is checked: a model
+        has a thousand weights and a decode step a few milliseconds."""
         declared = self.graph.inputs
         unknown = sorted(set(inputs) - set(declared))
         if unknown:
             raise InputError(f"unknown input {unknown[0]!r}; the graph's inputs are {sorted(declared)}")
-        missing = sorted(set(declared) - set(inputs))
+        missing = sorted(declared.keys() - inputs.keys() - self.fixed.keys())
         if missing:
             raise InputError(f"missing input {missing[0]!r}; the graph's inputs are {sorted(declared)}")
         env = {}
@@ -69,17 +71,17 @@ class Program:
             if not isinstance(value, (int, np.integer)) or value < 0:
                 raise DimensionError(f"dimension {name!r} must be bound to an int >= 0, got {value!r}")
             env[name] = int(value)
-        arrays = {}
-        for name, node in declared.items():
-            if inputs[name] is self.fixed.get(name):  # checked by set_inputs already
-                arrays[name] = inputs[name]
+        arrays, given = dict(self.fixed), {}
+        for name, value in inputs.items():
+            if value is self.fixed.get(name):  # checked by set_inputs already
                 continue
-            arr = dtypes.to_storage(inputs[name], node.dtype, f"input {name!r}")
+            node = declared[name]
+            arr = dtypes.to_storage(value, node.dtype, f"input {name!r}")
             if arr.ndim != len(node.shape):
                 raise ShapeError(f"input {name!r}: expected rank {len(node.shape)} with shape {show_shape(node.shape)}, "
                                  f"got rank {arr.ndim} with shape {arr.shape}")
-            arrays[name] = arr
-        self._bind_dims(arrays, env)
+            arrays[name] = given[name] = arr
+        self._bind_dims(arrays, {**self._symbolic_inputs, **{name: declared[name] for name in given}}, env)
         for name, value in env.items():
             if value < 1:
                 raise DimensionError(f"symbolic dimension {name!r} is bound to {value}; symbolic sizes must be >= 1")
@@ -89,11 +91,10 @@ class Program:
                                  f"pass it with run(inputs, dims={{{unbound[0]!r}: ...}})")
         return arrays, env
 
-    def _bind_dims(self, arrays, env):
-        """Bind the dims that some input's shape names bare (`s`), then check every shape against
-        them (`s + 1` is checked, not solved: a dim no input names bare is passed in `dims`)."""
-        declared = {name: node for name, node in self.graph.inputs.items()
-                    if name in self._symbolic_inputs or arrays[name] is not self.fixed.get(name)}
+    def _bind_dims(self, arrays, declared, env):
+        """Bind the dims that some input's shape names bare (`s`), then check the shapes of the
+        `declared` inputs (those with symbolic dims, and those passed) against them (`s + 1` is
+        checked, not solved: a dim no input names bare is passed in `dims`)."""
         origin = {}
         for name, node in declared.items():
             for axis, (dim, actual) in enumerate(zip(node.shape, arrays[name].shape)):

@@ -7,6 +7,8 @@ and how many threads each kind of call uses (measured, see ThreadChooser).
 from __future__ import annotations
 
 import ctypes
+import itertools
+import operator
 import os
 import sys
 import time
@@ -94,8 +96,9 @@ class CPUProgram(Program):
         self._plans: dict[tuple, MemoryPlan] = {}
         self._arena = np.empty(0, np.float32)
         self._pointers: dict[int, ctypes.Array] = {}  # id(memory plan) -> the buffers' addresses
-        self._addresses: dict[str, tuple] = {}  # input name -> (the array last passed, its address)
-        self._outputs: dict[str, np.ndarray] = {}  # output name -> the array the last call returned
+        self._filled: dict[int, list] = {}  # id(memory plan) -> the array each input's address is of
+        self._input_buffers = list(self.kernels.inputs.values())
+        self._outputs: dict[str, tuple] = {}  # output name -> (the array the last call returned, its address)
         if self.debug >= 1:
             print(f"[luminar] cpu: {len(self.kernels.kernels)} kernels, shared object ready in "
                   f"{self.compile_seconds * 1e3:.0f} ms", file=sys.stderr)
@@ -126,23 +129,25 @@ class CPUProgram(Program):
         # step's kernels: the temps' pointers are kept per plan, an input's while it is the same array.
         if id(plan) not in self._pointers:
             self._pointers[id(plan)] = pointers = (ctypes.c_void_p * len(kp.buffers))()
+            self._filled[id(plan)] = [None] * len(kp.inputs)
             for buf, offset in plan.offsets.items():
                 pointers[buf] = base + offset
-        pointers, results = self._pointers[id(plan)], {}
-        for name, buf in kp.inputs.items():
-            known = self._addresses.get(name)
-            if known is None or known[0] is not arrays[name]:
-                known = self._addresses[name] = (arrays[name], arrays[name].ctypes.data)
-            pointers[buf] = known[1]
+        pointers, filled, results = self._pointers[id(plan)], self._filled[id(plan)], {}
+        # Only an input array not seen by this plan's pointers before costs numpy's .ctypes; the
+        # test of which changed runs in C (map, compress), not as a Python loop over the weights.
+        current = list(map(arrays.__getitem__, kp.inputs))
+        for i in itertools.compress(range(len(current)), map(operator.is_not, current, filled)):
+            filled[i], pointers[self._input_buffers[i]] = current[i], current[i].ctypes.data
         for name, buf in kp.outputs.items():
             shape = tuple(int(d.evaluate(env)) for d in kp.output_shapes[name])
-            last = self._outputs.get(name)
-            # Reuse last call's array when nothing else refers to it (only this dict, `last` and
-            # getrefcount's argument): its pages are already mapped, where a fresh large array
+            last, address = self._outputs.get(name, (None, 0))
+            # Reuse last call's array when nothing else refers to it (only this dict's tuple, `last`
+            # and getrefcount's argument): its pages are already mapped, where a fresh large array
             # page-faults on every first write.
-            reuse = last is not None and last.shape == shape and sys.getrefcount(last) == 3
-            results[name] = self._outputs[name] = last if reuse else np.empty(shape, np.float32)
-            pointers[buf] = results[name].ctypes.data
+            if last is None or last.shape != shape or sys.getrefcount(last) != 3:
+                last = np.empty(shape, np.float32)
+                address = last.ctypes.data
+            results[name], self._outputs[name], pointers[buf] = last, (last, address), address
         dims = (ctypes.c_longlong * (len(kp.dims) + 1))(*[env[d] for d in kp.dims], nearest_bucket(self.search, env))
         if self.debug >= 1:
             self._profile(pointers, dims)
