@@ -31,7 +31,8 @@ nibble (ggml's layout). `weight` declares one graph input per part and rebuilds 
 weight from primitives -- bit fields come from `fmod` and multiplies by powers of two, not from
 bit operations, because the primitive set has none -- so the compiler can fuse the
 dequantization into the kernel that consumes the weight, and the weight stays quantized in
-memory.
+memory. Q5_0, Q4_K and Q6_K are repacked first, exactly, into Q8_0 / Q4_1 blocks (their bit
+layouts keep the fused kernel from vectorizing; see `weight`).
 
 Each format's numpy dequantization sits next to its graph version: the numpy one is the
 reference for tests (it matches `gguf.quants.dequantize` bit for bit) and for `dequantize()`.
@@ -58,7 +59,8 @@ class BlockFormat:
     block_size: int
     fields: tuple[tuple[str, type, int], ...]
     numpy: Callable[[dict], np.ndarray]      # float32 parts -> (..., nblocks, block_size) values
-    graph: Callable[[dict], GraphTensor]      # GraphTensor parts -> the same, from primitives
+    graph: Callable[[dict], GraphTensor] | None = None  # GraphTensor parts -> the same, from primitives
+    repack: Callable[[dict], tuple[str, dict]] | None = None  # or: parts -> (format, parts), the same values
 
     @property
     def type_size(self) -> int:
@@ -185,12 +187,17 @@ def _q4k_numpy(p: dict) -> np.ndarray:
     return values.reshape(*values.shape[:-2], 256)
 
 
-def _q4k_graph(p: dict) -> GraphTensor:
-    scales, mins = _k_scales_graph(p["sub_scales"])
-    quants = _nibbles_graph(p["quants"].reshape(*p["quants"].dims[:-1], 4, 32))  # (..., 4, 64)
-    values = _col(p["scale"].unsqueeze(-1) * scales) * quants.reshape(*quants.dims[:-2], 8, 32) \
-        - _col(p["min"].unsqueeze(-1) * mins)
-    return values.flatten(-2)
+def _q4k_as_q4_1(p: dict) -> tuple[str, dict]:
+    """Q4_K as Q4_1 blocks of 32 with float32 scales and minimums: the same values (scale *
+    sub_scale and min * sub_min are exact float32 products, and Q4_1's nibble * scale + min
+    rounds as Q4_K's nibble * scale - min does), in the layout the compiler vectorizes."""
+    scales, mins = _k_scales_numpy(p["sub_scales"])
+    nibbles = _nibbles_numpy(p["quants"].reshape(*p["quants"].shape[:-1], 4, 32))  # (..., 4, 64)
+    values = nibbles.reshape(*nibbles.shape[:-2], 8, 32)
+    rows = p["scale"].shape[:-1]
+    return "Q4_1", {"scale": (_f32(p["scale"])[..., None] * scales).reshape(*rows, -1),
+                    "min": -(_f32(p["min"])[..., None] * mins).reshape(*rows, -1),
+                    "quants": (values[..., :16] + 16.0 * values[..., 16:]).astype(np.uint8).reshape(*rows, -1, 16)}
 
 
 def _q5k_numpy(p: dict) -> np.ndarray:
@@ -222,13 +229,23 @@ def _q6k_numpy(p: dict) -> np.ndarray:
     return values.reshape(*values.shape[:-2], 256)
 
 
-def _q6k_graph(p: dict) -> GraphTensor:
-    low = _nibbles_graph(p["quants"].reshape(*p["quants"].dims[:-1], 2, 64))
-    high = _bit_fields(p["high"].reshape(*p["high"].dims[:-1], 2, 32), 4, 2).flatten(-2)
-    quants = low + 16.0 * high - 32.0
-    scales = p["scale"].unsqueeze(-1) * p["sub_scales"]
-    values = _col(scales) * quants.reshape(*quants.dims[:-2], 16, 16)
-    return values.flatten(-2)
+def _q6k_as_q8(p: dict) -> tuple[str, dict]:
+    """Q6_K as Q8_0-style blocks of 16: the 6-bit value minus 32 as an int8, times a float32
+    scale (the block's float16 scale times the sub-block's int8: an exact product), as Q6_K's
+    dequantization multiplies them."""
+    low = _nibbles_numpy(p["quants"].reshape(*p["quants"].shape[:-1], 2, 64))
+    high = _bits_numpy(p["high"].reshape(*p["high"].shape[:-1], 2, 32), 4, 2)  # (..., 2, 4, 32)
+    quants = low + 16.0 * high.reshape(*high.shape[:-2], 128) - 32.0
+    rows = p["scale"].shape[:-1]
+    return "Q8_0", {"scale": (_f32(p["scale"])[..., None] * _f32(p["sub_scales"])).reshape(*rows, -1),
+                    "quants": quants.astype(np.int8).reshape(*rows, -1, 16)}
+
+
+def _q5_0_as_q8_0(p: dict) -> tuple[str, dict]:
+    """Q5_0 as Q8_0 (the 5-bit value minus 16 fits an int8; the scale is the same): a fifth bit
+    per element in a 32-bit word keeps the compiler from vectorizing the fused dequantization
+    (each element's bit is its own expression), while Q8_0's int8s vectorize."""
+    return "Q8_0", {"scale": p["scale"], "quants": (_q5_numpy(p) - 16.0).astype(np.int8)}
 
 
 FORMATS: dict[str, BlockFormat] = {f.name: f for f in (
@@ -242,18 +259,17 @@ FORMATS: dict[str, BlockFormat] = {f.name: f for f in (
                 numpy=lambda p: _nibbles_numpy(p["quants"]) * _f32(p["scale"])[..., None] + _f32(p["min"])[..., None],
                 graph=lambda p: _nibbles_graph(p["quants"]) * p["scale"].unsqueeze(-1) + p["min"].unsqueeze(-1)),
     BlockFormat("Q5_0", 32, (("scale", np.float16, 1), ("high", np.uint8, 4), ("quants", np.uint8, 16)),
-                numpy=lambda p: _f32(p["scale"])[..., None] * (_q5_numpy(p) - 16.0),
-                graph=lambda p: p["scale"].unsqueeze(-1) * (_q5_graph(p) - 16.0)),
+                numpy=lambda p: _f32(p["scale"])[..., None] * (_q5_numpy(p) - 16.0), repack=_q5_0_as_q8_0),
     BlockFormat("Q5_1", 32, (("scale", np.float16, 1), ("min", np.float16, 1), ("high", np.uint8, 4),
                              ("quants", np.uint8, 16)),
                 numpy=lambda p: _f32(p["scale"])[..., None] * _q5_numpy(p) + _f32(p["min"])[..., None],
                 graph=lambda p: p["scale"].unsqueeze(-1) * _q5_graph(p) + p["min"].unsqueeze(-1)),
     BlockFormat("Q4_K", 256, (("scale", np.float16, 1), ("min", np.float16, 1), ("sub_scales", np.uint8, 12),
-                              ("quants", np.uint8, 128)), numpy=_q4k_numpy, graph=_q4k_graph),
+                              ("quants", np.uint8, 128)), numpy=_q4k_numpy, repack=_q4k_as_q4_1),
     BlockFormat("Q5_K", 256, (("scale", np.float16, 1), ("min", np.float16, 1), ("sub_scales", np.uint8, 12),
                               ("high", np.uint8, 32), ("quants", np.uint8, 128)), numpy=_q5k_numpy, graph=_q5k_graph),
     BlockFormat("Q6_K", 256, (("quants", np.uint8, 128), ("high", np.uint8, 64), ("sub_scales", np.int8, 16),
-                              ("scale", np.float16, 1)), numpy=_q6k_numpy, graph=_q6k_graph),
+                              ("scale", np.float16, 1)), numpy=_q6k_numpy, repack=_q6k_as_q8),
 )}
 
 # Plain (unblocked) storage: the whole tensor is one part, "data".
@@ -289,19 +305,26 @@ def weight(g: Graph, name: str, tensor) -> tuple[GraphTensor, dict[str, np.ndarr
     """A GGUF tensor as a float32 GraphTensor of `tensor.shape`, plus the arrays to feed.
 
     Declares one input per storage part, named `input_name(name, part)` with the part's storage
-    dtype, and composes the dequantization from primitives. Returns (weight, {input name: array}).
+    dtype, and composes the dequantization from primitives. Q5_0, Q4_K and Q6_K are first
+    repacked, exactly, as Q8_0 / Q4_1 blocks (see their `repack`): more bytes per weight (Q5_0
+    22 -> 34 per 32, Q4_K 144 -> 192 per 256, Q6_K 210 -> 320 per 256), but the fused matvec
+    vectorizes (the Q5_0 one ran as scalar code, 10x slower than Q8_0's). Returns (weight,
+    {input name: array}).
     """
     if tensor.qtype not in SUPPORTED:
         raise UnsupportedError(f"weight {name!r}: GGUF format {tensor.qtype} is not supported in graphs "
                                f"(supported: {', '.join(SUPPORTED)}); feed dense(g, name, tensor.dequantize()) instead")
+    qtype, parts = tensor.qtype, tensor.parts
+    if qtype in FORMATS and FORMATS[qtype].repack:  # (once, at load: the graph sees the other format)
+        qtype, parts = FORMATS[qtype].repack(parts)
     inputs, feeds = {}, {}
-    for part, array in tensor.parts.items():
+    for part, array in parts.items():
         key = input_name(name, part)
         inputs[part] = g.tensor(key, array.shape, _STORAGE[array.dtype])
         feeds[key] = array
-    if tensor.qtype in PLAIN:
+    if qtype in PLAIN:
         return inputs["data"], feeds
-    return FORMATS[tensor.qtype].graph(inputs).reshape(*tensor.shape), feeds
+    return FORMATS[qtype].graph(inputs).reshape(*tensor.shape), feeds
 
 
 def dense(g: Graph, name: str, array) -> tuple[GraphTensor, dict[str, np.ndarray]]:
