@@ -24,7 +24,9 @@ that is impossible). For SmolLM2-135M-Instruct (Q4_1) and Gemma 3 270M (Q4_K_M),
 `llama-bench -p P -n N -t T -r 1` with luminar's decode of N tokens and prefill of P tokens on the
 same file and thread count T (luminar's OpenMP team: OMP_NUM_THREADS, else one per CPU).
 llama-bench decodes from an empty context, luminar after a short prompt; both prefill P tokens
-into an empty cache.
+into an empty cache. The same section reports each side's bandwidth fraction per token (the
+weights read per token times tokens/s, over this run's bandwidth probe) and the one-thread CPU
+time per decode token of both (a ratio that other tenants of a shared machine distort less).
 """
 from __future__ import annotations
 
@@ -74,6 +76,57 @@ def child_start() -> None:
     print(json.dumps({"import_s": imported - started, "load_s": loaded - imported,
                       "ready_s": loaded - started, "first_token_s": done - loaded,
                       "first_token": model.tokenizer.decode([first]), "stages": stages}))
+
+
+# -- one-thread CPU time per token: `python bench/llm.py --child-cpu NAME TOKENS` ---------------------
+def child_cpu(name: str, tokens: int) -> None:
+    """Load a model (OMP_NUM_THREADS=1 in the environment) and print, as one JSON line, the
+    process CPU seconds per decode token (median of 3 rounds of `tokens` steps) and the bytes of
+    weights a decode step reads (every stored weight; the embedding table is the tied output
+    head on both models)."""
+    lum = Luminar(None if name == "default" else name)
+    ids = [int(i) for i in lum.tokenizer.encode(PROSE[:80])]
+    lum.decode(ids, 4)  # warm-up
+    rounds, m = [], lum.model
+    for _ in range(3):
+        cache = m.new_cache(len(ids) + tokens + 1)
+        token = int(m.forward(ids, cache)[-1].argmax())
+        started = time.process_time()
+        for _ in range(tokens):
+            token = int(m.forward([token], cache)[-1].argmax())
+        rounds.append((time.process_time() - started) / tokens)
+    weights = sum(a.nbytes for a in lum.model.program.fixed.values())
+    print(json.dumps({"cpu_s_per_token": statistics.median(rounds), "rounds": rounds, "weight_bytes": weights}))
+
+
+def measure_cpu_time(binary, path: str, name: str, tokens: int) -> dict:
+    """One thread each, CPU time per decode token (what other tenants of a shared machine cannot
+    inflate as they inflate wall time): luminar in a child with OMP_NUM_THREADS=1, and
+    llama-bench -t 1 as the difference of the CPU time of its runs with 4 + tokens and 4 tokens
+    (load and warm-up cancel), three rounds each, medians."""
+    import resource
+    import llama_cpp
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child-cpu", name or "default", str(tokens)],
+                          env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the --child-cpu run failed: {proc.stderr[-2000:]}")
+    lum = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+    peer = []
+    for _ in range(3):
+        spans = []
+        for n in (4, 4 + tokens):
+            before = children_cpu()
+            llama_cpp.run_llama_bench(binary, path, 0, n, 1)
+            spans.append(children_cpu() - before)
+        peer.append((spans[1] - spans[0]) / tokens)
+    return {"luminar_cpu_s_per_token": lum["cpu_s_per_token"], "luminar_rounds": lum["rounds"],
+            "llama_cpp_cpu_s_per_token": statistics.median(peer), "llama_cpp_rounds": peer,
+            "weight_bytes": lum["weight_bytes"]}
 
 
 def run_start(cache_dir: str) -> dict:
@@ -294,12 +347,15 @@ def measure_peer(cfg: dict, loaded: dict, build: bool = True) -> dict:
     """Interleaved rounds of llama-bench and luminar (decode N, prefill P) per model."""
     import llama_cpp
     from timing import settle
+    from machine import measure_limits
     binary, why_not = llama_cpp.llama_bench(build=build, log=say)
     if binary is None:
         say(f"llama.cpp skipped: {why_not}")
         return {"skipped": why_not}
     n, p, threads = cfg["decode_tokens"], cfg["prefill_tokens"], luminar_threads()
-    out = {"binary": str(binary), "threads": threads, "models": {}}
+    say("bandwidth probe (sum and copy, best of 5)...")
+    limits = measure_limits(threads=(1, threads), repeats=5)
+    out = {"binary": str(binary), "threads": threads, "models": {}, "bandwidth_gbs": limits["bandwidth_gbs"]}
     for label, (path, name) in peer_models().items():
         lum = loaded.get(name) or Luminar(name)
         ids = [int(i) for i in lum.tokenizer.encode(PROSE[:80])]
@@ -323,8 +379,10 @@ def measure_peer(cfg: dict, loaded: dict, build: bool = True) -> dict:
                     f"prefill {p} {last['prefill_s']:.3f} s")
         medians = {side: {key: statistics.median(run[key] for run in rs) for key in ("decode_tok_s", "prefill_s")}
                    for side, rs in runs.items()}
+        say(f"  {label}: one-thread CPU time per token...")
+        cpu = measure_cpu_time(binary, path, name, n)
         out["models"][label] = {
-            "path": path, "prompt_tokens": len(ids), "runs": runs, "median": medians,
+            "path": path, "prompt_tokens": len(ids), "runs": runs, "median": medians, "cpu_time": cpu,
             "llama_cpp_build": runs["llama.cpp"][0].get("build", "?"),
             "decode_ratio": medians["luminar"]["decode_tok_s"] / medians["llama.cpp"]["decode_tok_s"],
             "prefill_ratio": medians["llama.cpp"]["prefill_s"] / medians["luminar"]["prefill_s"]}
@@ -350,7 +408,23 @@ def render_peer(peer: dict, cfg: dict) -> str:
         f"(above 1: luminar faster). llama-bench decodes from an empty context, luminar after a "
         f"{next(iter(peer['models'].values()))['prompt_tokens']}-token prompt.", "",
         table(["model", f"luminar decode tok/s", "llama.cpp decode tok/s", "decode ratio",
-               f"luminar prefill {p} s", f"llama.cpp prefill {p} s", "prefill ratio"], rows), ""])
+               f"luminar prefill {p} s", f"llama.cpp prefill {p} s", "prefill ratio"], rows), "",
+        f"Bandwidth fraction: the weights a decode step reads (all of them) times the decode rate, over "
+        f"the best read/copy bandwidth this run's probe measured ({peer['bandwidth_gbs']:.1f} GB/s). "
+        f"One-thread CPU time per decode token (OMP_NUM_THREADS=1 in a child; llama-bench -t 1, the "
+        f"CPU time of -n {4 + n} minus -n 4), three rounds each, medians: a ratio that other tenants "
+        f"of a shared machine inflate less than wall time.", "",
+        table(["model", "weights per token MB", "luminar GB/s (fraction)", "llama.cpp GB/s (fraction)",
+               "luminar CPU ms/token, 1 thread", "llama.cpp CPU ms/token, 1 thread", "CPU-time ratio"],
+              [_cpu_row(label, m, peer["bandwidth_gbs"]) for label, m in peer["models"].items()]), ""])
+
+
+def _cpu_row(label: str, m: dict, bandwidth_gbs: float) -> list[str]:
+    cpu, mb = m["cpu_time"], m["cpu_time"]["weight_bytes"] / 1e6
+    rates = [mb / 1e3 * m["median"][side]["decode_tok_s"] for side in ("luminar", "llama.cpp")]
+    return [label, f"{mb:.0f}", *(f"{r:.1f} ({r / bandwidth_gbs:.0%})" for r in rates),
+            f"{cpu['luminar_cpu_s_per_token'] * 1e3:.2f}", f"{cpu['llama_cpp_cpu_s_per_token'] * 1e3:.2f}",
+            f"{cpu['llama_cpp_cpu_s_per_token'] / cpu['luminar_cpu_s_per_token']:.2f}×"]
 
 
 # -- luminar's per-kernel profile ---------------------------------------------------------------------
@@ -675,9 +749,13 @@ def main(argv=None) -> int:
                                                                  "writes nothing)")
     parser.add_argument("--no-build", action="store_true", help="skip llama.cpp unless it is already built")
     parser.add_argument("--child-start", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-cpu", nargs=2, metavar=("MODEL", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_start:
         child_start()
+        return 0
+    if args.child_cpu:
+        child_cpu(args.child_cpu[0], int(args.child_cpu[1]))
         return 0
     sys.path.insert(0, str(HERE))  # machine.py, timing.py and llama_cpp.py
     import numpy as np
