@@ -319,6 +319,8 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
         if not hoisted_rows(kernel) or schedule.local & (schedule.local - 1):
             raise ValueError(f"{kernel.name}: the rows form needs row values and a power-of-two work-group")
         lines += render_rows(program, kernel, schedule, dialect)
+    elif hasattr(schedule, "render"):  # a form a target defines itself (the cuda target's tensor-core tiles)
+        lines += schedule.render(program, kernel, dialect)
     else:
         lines += render_grid(program, kernel, schedule, dialect)
     return "\n".join(lines + ["}"])

@@ -1,0 +1,190 @@
+"""The cuda target's runtime: a compiled graph's cubin, its arena, and each call as one CUDA graph.
+
+What the opencl runtime does (OpenCLProgram: memory plans per dim bucket placing every
+temporary in one arena, device buffers for inputs and outputs, weights copied once, updated
+state kept on the device) is inherited; the call itself differs. The kernels a call runs are
+one CUDA graph, built once per shape bucket and set of non-empty kernels, instantiated, and
+replayed with one cuGraphLaunch per call: a decode step is one launch, not one per kernel.
+Dims and buffer addresses are kernel arguments; when a call's differ from the graph's last
+replay (a longer sequence, a state buffer swapped), only the nodes whose arguments or grid
+changed are updated in place (cuGraphExecKernelNodeSetParams) before the replay. Copies are
+only the inputs' (host to device, before the replay) and the outputs' (back, after it).
+
+Every device buffer the program allocates is freed when it is replaced by a larger one, and
+all of them (with the graphs) when the program is garbage-collected.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+
+from ...compiler import pipeline
+from ...compiler.search import nearest_bucket
+from ...program import Program
+from ..opencl.program import OpenCLProgram
+from .driver import Args, check, device, driver
+from .target import CUDATarget, launch
+
+MAX_GRAPHS = 16  # instantiated graphs kept per program (shape buckets x which kernels are non-empty)
+
+
+class Replay:
+    """One instantiated CUDA graph: the call's kernels in order, each node's current arguments."""
+
+    def __init__(self, launches: list):
+        cu = driver()
+        self.graph = check(cu.cuGraphCreate(0), "cuGraphCreate")
+        self.nodes, self.current = [], []
+        for function, grid, block, args in launches:
+            after = self.nodes[-1:]
+            self.nodes.append(check(cu.cuGraphAddKernelNode(self.graph, after, len(after),
+                                                            _node_params(function, grid, block, args)),
+                                    "cuGraphAddKernelNode"))
+            self.current.append((grid, block, args))
+        self.exec = check(cu.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
+
+    def update(self, launches: list) -> int:
+        """Set the nodes whose grid or arguments differ from `launches`; returns how many changed."""
+        cu, changed = driver(), 0
+        for k, (function, grid, block, args) in enumerate(launches):
+            if self.current[k][:2] != (grid, block) or self.current[k][2].values != args.values:
+                check(cu.cuGraphExecKernelNodeSetParams(self.exec, self.nodes[k], _node_params(function, grid, block, args)),
+                      "cuGraphExecKernelNodeSetParams")
+                self.current[k] = (grid, block, args)
+                changed += 1
+        return changed
+
+    def destroy(self) -> None:
+        cu = driver()
+        cu.cuGraphExecDestroy(self.exec)
+        cu.cuGraphDestroy(self.graph)
+
+
+def _node_params(function, grid: tuple, block: tuple, args: Args):
+    params = driver().CUDA_KERNEL_NODE_PARAMS()
+    params.func = function
+    params.gridDimX, params.gridDimY, params.gridDimZ = grid
+    params.blockDimX, params.blockDimY, params.blockDimZ = block
+    params.sharedMemBytes = 0
+    params.kernelParams = args.address  # (the driver copies the arguments into the node)
+    return params
+
+
+def _release(dev, pointers: list, replays: dict) -> None:
+    """Free a program's device buffers and graphs (at garbage collection; errors at exit ignored)."""
+    try:
+        dev.make_current()
+        for replay in replays.values():
+            replay.destroy()
+        for ptr in pointers:
+            dev.free(ptr)
+    except Exception:  # (the driver may already be shut down when the interpreter exits)
+        pass
+    pointers.clear()
+    replays.clear()
+
+
+class CUDAProgram(OpenCLProgram):
+    """A graph compiled to one cubin; a call replays one CUDA graph. `source` is the generated
+    CUDA C, `cubin` NVRTC's output (with ptxas's register and spill report), `kernels` the IR."""
+    backend = "cuda"
+
+    def __init__(self, graph, search=None, search_dims=None, seed=0, target=None, allow_tf32=False):
+        """Options: `search`, `search_dims`, `seed` (see compiler/pipeline.compile_graph);
+        `allow_tf32` (default False): matmuls may round their operands to TF32 on tensor cores;
+        `target` a CUDATarget (default: the device's, with allow_tf32)."""
+        Program.__init__(self, graph)
+        self.device = device()  # (first: no device is a DeviceError before any compiling)
+        target = target or CUDATarget(self.device.target, allow_tf32)
+        self.compiled = pipeline.compile_graph(graph, target, search, search_dims, seed)
+        self.kernels, self.search = self.compiled.kernels, self.compiled.search
+        self.choices, self.fusions = self.compiled.choices, self.compiled.fusions
+        built = self.compiled.built
+        self.source, self.cubin, self.compile_seconds = built.source, built.cubin, self.compiled.build_seconds
+        functions = self.device.load(built.cubin.image, sorted({n for call in built.calls for n in call.functions}))
+        self._calls = [(call, [functions[n] for n in call.functions]) for call in built.calls]
+        self._plans, self._arena, self._arena_bytes = {}, None, 0
+        self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device address, bytes)
+        self._outputs: dict[str, tuple] = {}  # output name -> (device address, bytes)
+        self._pointers: list[int] = []  # every live device buffer
+        self._replays: dict[tuple, Replay] = {}
+        self.graph_updates = 0  # graph nodes updated in place so far (dims or addresses changed)
+        weakref.finalize(self, _release, self.device, self._pointers, self._replays)
+
+    def _allocate(self, nbytes: int) -> int:
+        ptr = self.device.allocate(nbytes)
+        self._pointers.append(ptr)
+        return ptr
+
+    def _free(self, ptr: int) -> None:
+        self._pointers.remove(ptr)
+        self.device.free(ptr)
+
+    def _room(self, held: tuple | None, nbytes: int) -> tuple:
+        """(device address, its bytes): `held`'s when it is large enough, else a new buffer (the
+        old one freed: nothing else refers to it, and no call is in flight between calls)."""
+        if held is not None and held[1] >= nbytes:
+            return held
+        if held is not None:
+            self._free(held[0])
+        return self._allocate(nbytes), nbytes
+
+    def execute(self, arrays, env):
+        dev, kp = self.device, self.kernels
+        dev.make_current()
+        plan = self.memory_plan(env)
+        if self._arena is None or self._arena_bytes < plan.arena_bytes:
+            self._arena, self._arena_bytes = self._room((self._arena, self._arena_bytes) if self._arena else None,
+                                                        plan.arena_bytes)
+        where = {b: (self._arena, offset // 4) for b, offset in plan.offsets.items()}
+        staged = []  # host copies alive until the stream has read them
+        for name, buf in kp.inputs.items():
+            given, held = arrays[name], self._inputs.get(name)
+            resident = given is self.fixed.get(name)  # a weight or state: kept while it is the same array
+            if resident and held is not None and held[0] is given:
+                where[buf] = (held[1], 0)
+                continue
+            host = np.ascontiguousarray(given)
+            room = self._room(held[1:] if held is not None else None, host.nbytes)
+            dev.upload(room[0], host)
+            staged.append(host)
+            self._inputs[name] = (given if resident else None, *room)
+            where[buf] = (room[0], 0)
+        shapes = {name: tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]) for name in kp.outputs}
+        for name, buf in kp.outputs.items():
+            self._outputs[name] = self._room(self._outputs.get(name), 4 * math.prod(shapes[name]))
+            where[buf] = (self._outputs[name][0], 0)
+        self._replay(self._launches(where, env))
+        results = {}
+        for name, buf in kp.outputs.items():
+            results[name] = np.empty(shapes[name], np.float32)
+            dev.download(results[name], where[buf][0])
+        dev.synchronize("the program's CUDA graph")
+        self._keep_state(results)
+        return results
+
+    def _launches(self, where: dict, env: dict) -> list:
+        """(function, grid, block, Args) of each kernel with something to compute, in order."""
+        dims, bucket, out = [int(env[d]) for d in self.kernels.dims], nearest_bucket(self.search, env), []
+        for call, functions in self._calls:
+            which = bucket if len(functions) > 1 else 0
+            sizes = launch(call.kernel, call.schedules[which], env)
+            if sizes is not None:
+                out.append((functions[which], *sizes, Args([x for b in call.buffers for x in where[b]] + dims)))
+        return out
+
+    def _replay(self, launches: list) -> None:
+        """Launch the graph of these kernels: built on first use, its changed nodes updated after."""
+        if not launches:
+            return
+        key = tuple(int(function) if hasattr(function, "__int__") else id(function) for function, *_ in launches)
+        replay = self._replays.get(key)
+        if replay is None:
+            if len(self._replays) >= MAX_GRAPHS:
+                self._replays.pop(next(iter(self._replays))).destroy()
+            replay = self._replays[key] = Replay(launches)
+        else:
+            self.graph_updates += replay.update(launches)
+        check(driver().cuGraphLaunch(replay.exec, self.device.stream), "cuGraphLaunch")
