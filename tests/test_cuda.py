@@ -313,3 +313,24 @@ def test_search_validates_and_times_candidates_on_the_gpu(tmp_path, monkeypatch)
     assert choice.source == "searched" and len([c for c in choice.candidates if c[1] is not None]) >= 3
     x, y = rand(512, 384), rand(384, 640, seed=1)
     np.testing.assert_allclose(program(a=x, b=y)["c"], x @ y, rtol=2e-2, atol=2e-2)  # (tf32 allowed)
+
+
+def test_a_long_reduction_to_few_outputs_is_split_across_blocks(tmp_path, monkeypatch):
+    """(a*b+c).relu().sum() over 64M floats: one thread per output would run 64M steps alone; the
+    split form spreads each output's reduction over blocks and compiles without spills. Short
+    reductions keep a thread per output."""
+    from luminar.backends.cuda.split import Split
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    g = lm.Graph()
+    a, b, c = (g.tensor(n, (1 << 26,)) for n in "abc")
+    (a * b + c).relu().sum().output("s")
+    x = g.tensor("x", (4, "n"))
+    (x.amax(-1) * 2.0).output("m")  # symbolic length: split too
+    (g.tensor("y", (3, 100)).sum(-1)).output("short")
+    program, target = lower(optimize(g)), CUDATarget()
+    chosen = [target.default_schedule(k) for k in program.kernels]
+    assert chosen[:2] == [Split(), Split()] and not isinstance(chosen[2], Split)
+    built = target.build(program, {})
+    _checked(built, "split")
+    assert "atomicAdd(&lm_done[lm_flat], 1u) == 511" in built.source
+    assert built.calls[0].schedules[0].launch(program.kernels[0], {}) == ((512, 1, 1), (256, 1, 1))

@@ -22,6 +22,7 @@ import numpy as np
 
 from ...compiler import pipeline
 from ...compiler.search import nearest_bucket
+from ...errors import UnsupportedError
 from ...program import Program
 from ..opencl.program import OpenCLProgram
 from .driver import Args, check, device, driver
@@ -111,6 +112,7 @@ class CUDAProgram(OpenCLProgram):
         self._pointers: list[int] = []  # every live device buffer
         self._replays: dict[tuple, Replay] = {}
         self.graph_updates = 0  # graph nodes updated in place so far (dims or addresses changed)
+        self._last: Replay | None = None  # the graph the last call replayed
         weakref.finalize(self, _release, self.device, self._pointers, self._replays)
 
     def _allocate(self, nbytes: int) -> int:
@@ -187,4 +189,16 @@ class CUDAProgram(OpenCLProgram):
             replay = self._replays[key] = Replay(launches)
         else:
             self.graph_updates += replay.update(launches)
+        self._last = replay
         check(driver().cuGraphLaunch(replay.exec, self.device.stream), "cuGraphLaunch")
+
+    def replay(self, reps: int = 1) -> None:
+        """Replay the last call's CUDA graph `reps` times and wait: the device's work of a call
+        alone, without the copies and checks around it (what benchmarks against other GPU
+        libraries time). The outputs' buffers hold the result; nothing is copied back."""
+        if self._last is None:
+            raise UnsupportedError("replay() needs a call first: it repeats the last call's graph")
+        self.device.make_current()
+        for _ in range(reps):
+            check(driver().cuGraphLaunch(self._last.exec, self.device.stream), "cuGraphLaunch")
+        self.device.synchronize("replaying the program's CUDA graph")

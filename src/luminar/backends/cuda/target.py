@@ -4,7 +4,8 @@ Everything the compiler and the search know about this backend goes through `CUD
 (compiler/target.py). The kernel forms (Grid, Rows, Tiled), their renderer and their schedule
 space are the opencl target's, written against a dialect table: here rendered with `CUDA`
 (dialect.py), compiled by NVRTC to a cubin (nvrtc.py). The target adds the tensor-core form
-(mma.py) to the space: a "tensor" stage turns a nest's shared-memory staging mark into an mma
+(mma.py) to the space, and a reduction split across blocks (split.py) as the default for long
+reductions to few outputs (a sum to a scalar): a "tensor" stage turns a nest's shared-memory staging mark into an mma
 mark (one per precision the kernel may use), and `to_schedule` maps such a nest to the Mma form
 with the same block of outputs, when whole warps can cover it.
 
@@ -29,6 +30,7 @@ from . import mma
 from .dialect import CUDA
 from .mma import Mma
 from .nvrtc import Cubin, compile_cubin, version
+from .split import Split, applies as splits
 
 MMA_MARKS = {"tf32": "mma-tf32", "bf16": "mma-bf16"}  # nest marks: stage in shared memory, compute on tensor cores
 
@@ -54,7 +56,7 @@ H200 = Device("NVIDIA H200 (assumed: no device)", "sm_90", 132, 1024, 48 * 1024)
 def launch(kernel, schedule, env: dict) -> tuple[tuple, tuple] | None:
     """(grid in blocks, block in threads), three dims each, of a call at these dim values; None:
     nothing to compute (cuLaunchKernel's units; the opencl forms count work-items)."""
-    if isinstance(schedule, Mma):
+    if isinstance(schedule, (Mma, Split)):
         return schedule.launch(kernel, env)
     sizes = work_sizes(kernel, schedule, env)
     if sizes is None:
@@ -72,7 +74,10 @@ class CUDATarget(Target):
 
     # -- schedules
     def default_schedule(self, kernel):
-        """The opencl target's rules; with TF32 allowed, tensor cores for a matmul's tiles."""
+        """The opencl target's rules, but a long reduction to few outputs split across blocks;
+        with TF32 allowed, tensor cores for a matmul's tiles."""
+        if splits(kernel):
+            return Split()
         chosen = schedules.default_schedule(kernel)
         if self.allow_tf32 and isinstance(chosen, Tiled) and mma.operands(kernel, mma.plan_tiles(kernel)):
             return Mma()
@@ -82,9 +87,8 @@ class CUDATarget(Target):
         return schedules.to_json(schedule)
 
     def schedule_from_json(self, data: dict):
-        if data.get("kind") == Mma.kind:
-            return Mma(**{k: v for k, v in data.items() if k != "kind"})
-        return schedules.from_json(data)
+        own = {cls.kind: cls for cls in (Mma, Split)}.get(data.get("kind"))
+        return own(**{k: v for k, v in data.items() if k != "kind"}) if own else schedules.from_json(data)
 
     # -- the schedule space
     def space(self, kernel, env: dict):
@@ -128,7 +132,10 @@ class CUDATarget(Target):
 
     def estimate(self, program, kernel, schedule, env: dict) -> float:
         """The opencl roofline; a tensor-core tile as the SIMT tile of the same block, its
-        arithmetic 4x (TF32) or 8x (BF16) faster."""
+        arithmetic 4x (TF32) or 8x (BF16) faster. A form the kernel may not use ranks last (the
+        space offers BF16 tiles for every matmul: only here are the operands' dtypes known)."""
+        if not self.legal(program, kernel, schedule):
+            return float("inf")
         if isinstance(schedule, Mma):
             same = Tiled(wi=schedule.wm * 8, wj=schedule.wn * 4, ri=schedule.tm * 2, rj=schedule.tn * 2,
                          kt=schedule.kt, local=True)
