@@ -50,13 +50,15 @@ def check(result, what: str):
 
 
 class Args:
-    """A kernel's arguments (64-bit integers) as the array of pointers the driver reads them through."""
+    """A kernel's arguments (64-bit integers) as the array of pointers the driver reads them
+    through, NULL-terminated (the driver reads as many as the kernel declares; the stand-in
+    driver of the tests reads up to the NULL)."""
 
     def __init__(self, values: list[int]):
         self.values = tuple(int(v) for v in values)
         self._storage = (ctypes.c_int64 * max(len(values), 1))(*self.values)
         base = ctypes.addressof(self._storage)
-        self._pointers = (ctypes.c_void_p * max(len(values), 1))(*[base + 8 * k for k in range(len(values))])
+        self._pointers = (ctypes.c_void_p * (len(values) + 1))(*[base + 8 * k for k in range(len(values))], None)
 
     @property
     def address(self) -> int:
