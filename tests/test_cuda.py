@@ -267,12 +267,16 @@ y.output("y")
 g.update(p, p + y.sum(0))
 program = g.compile("cuda").set_inputs(w=np.ones((64, 32), np.float32), p=np.zeros(32, np.float32))
 report = {"arch": program.device.target.arch, "sms": program.device.target.sms}
-for s in (5, 5, 9):
-    report.setdefault("shapes", []).append(program(x=np.ones((s, 64), np.float32))["y"].shape)
-last = program._calls[-1][0]  # (the state update: it reads s, so its node was the last one updated)
+for s in (5, 6, 9):  # (5 and 6: one bucket, launched alike; 9: the next)
+    report.setdefault("shapes", []).append(program(x=np.full((s, 64), s, np.float32))["y"].shape)
+    report.setdefault("updates", []).append(program.graph_updates)
+    report.setdefault("dims", []).append(ctypes.c_longlong.from_address(program._dims_buffer).value)  # (host memory here)
+kp, state_out = program.kernels, program.graph.updates["p"]
+report["state_nodes"] = sum(kp.inputs["p"] in call.buffers or kp.outputs[state_out] in call.buffers for call, _ in program._calls)
+last = program._calls[-1][0]  # (the state update: its node was the last one updated)
 args = (ctypes.c_ulonglong * 32).in_dll(stub, "stub_last_args")
-report["last_args"] = ctypes.c_int.in_dll(stub, "stub_last_nargs").value, 2 * len(last.buffers) + len(program.kernels.dims)
-report["last_dims"] = list(args[2 * len(last.buffers):report["last_args"][0]])
+report["last_args"] = list(args[:ctypes.c_int.in_dll(stub, "stub_last_nargs").value])
+report["expected_args"] = 2 * len(last.buffers) + 1, program._dims_buffer
 report.update({name: count("stub_" + name) for name in ("graphs", "nodes", "node_updates", "replays", "launches")})
 report["graph_updates"], report["replays_kept"] = program.graph_updates, len(program._replays)
 held = list(program._pointers)
@@ -313,11 +317,14 @@ def test_the_runtime_runs_end_to_end_on_a_stand_in_driver(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["arch"] == "sm_90" and report["sms"] == 132  # from the device's attributes
-    assert report["shapes"] == [[5, 32], [5, 32], [9, 32]]
+    assert report["shapes"] == [[5, 32], [6, 32], [9, 32]] and report["dims"] == [5, 6, 9]  # (the dims array)
     assert report["graphs"] == 1 and report["replays_kept"] == 1  # one graph, built once
     assert report["replays"] == 3 and report["launches"] == 0  # one replay per call, no separate launches
-    assert report["node_updates"] == report["graph_updates"] > 0  # s = 9: the nodes reading s were updated
-    assert report["last_args"][0] == report["last_args"][1] and report["last_dims"] == [9]  # (the last node's, updated)
+    # s = 6 launches as s = 5 did: only the nodes of the state, whose buffers swap each call, change
+    assert report["updates"][:2] == [0, report["state_nodes"]] and report["state_nodes"] == 1
+    assert report["node_updates"] == report["graph_updates"] == report["updates"][2] > 1  # s = 9: resized nodes
+    count, dims = report["expected_args"]
+    assert len(report["last_args"]) == count and report["last_args"][-1] == dims  # buffers, offsets, the dims array
     assert "out of device memory" in report["oom"] and not report["leaked_on_oom"]
     assert report["replays_after"] == 5
     assert report["validated"] == [False] and report["launches"] == 0

@@ -38,6 +38,9 @@ class Kernels:
         self.pointers: list[int] = []
         weakref.finalize(self, _free_all, self.dev, self.pointers)
         self.buffers = {b: self.allocate(a.nbytes) for b, a in arrays.items()}
+        self.dims = np.array([env[d] for d in program.dims] or [0], np.int64)
+        self.dims_buffer = self.allocate(self.dims.nbytes)  # (the kernels read the dims from device memory)
+        self.dev.upload(self.dims_buffer, self.dims)
         for b, a in arrays.items():
             self.dev.upload(self.buffers[b], a)
         self.dev.synchronize("copying the bench's inputs")
@@ -49,9 +52,9 @@ class Kernels:
         return self.pointers[-1]
 
     def args(self, kernel) -> list[int]:
-        """A kernel function's arguments: a buffer and offset 0 per buffer it touches, then the dims."""
+        """A kernel function's arguments: a buffer and offset 0 per buffer it touches, then the dims' array."""
         used = sorted({ld.buffer for ld in loads(kernel.value)} | {kernel.out})
-        return [x for b in used for x in (self.buffers[b], 0)] + [int(self.env[d]) for d in self.program.dims]
+        return [x for b in used for x in (self.buffers[b], 0)] + [self.dims_buffer]
 
     def run(self, k: int) -> None:
         function, sizes, args, name = self.calls[k]

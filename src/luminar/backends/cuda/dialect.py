@@ -7,6 +7,9 @@ names unmangled, so the driver finds them by name), __shared__ arrays, __syncthr
 threadIdx/blockIdx/blockDim (the renderer passes the axis as a number; a constant argument
 folds to the one special register).
 
+The dims are read from one device array the runtime fills per call (`dims_in_memory`), so a
+CUDA graph's kernel arguments stay the same from one call to the next.
+
 NVRTC needs no header here: half and bfloat16 are read as their 16-bit patterns and widened
 with one PTX conversion (half) or a shift (bfloat16), both exact. NaN and infinity are spelled
 by their bit patterns (math.h's macros are not available to NVRTC). Floating-point contraction
@@ -48,7 +51,7 @@ CUDA = Dialect(
     name="cuda", kernel='extern "C" __global__ void', global_ptr="", local_array="__shared__",
     barrier="__syncthreads();", index="long long",
     group_id="lm_group_id({0})", local_id="lm_local_id({0})", local_size="lm_local_size({0})",
-    prelude=_CUDA_PRELUDE + _MMA,
+    prelude=_CUDA_PRELUDE + _MMA, dims_in_memory=True,
     types={"float32": "float", "float16": "unsigned short", "bfloat16": "unsigned short", "int8": "signed char",
            "uint8": "unsigned char", "int32": "int"},
     loads={"float32": "{0}[{1}]", "float16": "lm_half({0}[{1}])", "bfloat16": "lm_bf16({0}[{1}])"},

@@ -126,7 +126,8 @@ def render_mma(program, kernel: Kernel, plan: TilePlan, s: Mma, d: Dialect) -> l
              "    const int lm_g = lm_lane / 4, lm_t = lm_lane % 4;",
              f"    const int lm_wr = (lm_warp / {s.wn}) * {s.tm * 16}, lm_wc = (lm_warp % {s.wn}) * {s.tn * 8};",
              f"    const {ix} lm_j0 = ({ix}){d.group_id.format(0)} * {bj}, lm_i0 = ({ix}){d.group_id.format(1)} * {bi};",
-             f"    const {ix} lm_batch = ({ix}){d.group_id.format(2)};"]
+             f"    const {ix} lm_batch = ({ix}){d.group_id.format(2)};",
+             f"    if (lm_batch >= {numel(kernel.shape[:-2]).render_c()}) return;  // (a launch for dims rounded up)"]
     lines += _unflatten("lm_batch", kernel.loop_vars[:-2], kernel.shape[:-2], d)
     lines += [f"    float lm_acc[{s.tm}][{s.tn}][4];", *_unrolled(s, "    "), "        lm_acc[lm_m][lm_n][lm_q] = 0.0f;",
               f"    for ({ix} lm_k0 = 0; lm_k0 < {K}; lm_k0 += {kt}) {{"]

@@ -5,10 +5,12 @@ temporary in one arena, device buffers for inputs and outputs, weights copied on
 state kept on the device) is inherited; the call itself differs. The kernels a call runs are
 one CUDA graph, built once per shape bucket and set of non-empty kernels, instantiated, and
 replayed with one cuGraphLaunch per call: a decode step is one launch, not one per kernel.
-Dims and buffer addresses are kernel arguments; when a call's differ from the graph's last
-replay (a longer sequence, a state buffer swapped), only the nodes whose arguments or grid
-changed are updated in place (cuGraphExecKernelNodeSetParams) before the replay. Copies are
-only the inputs' (host to device, before the replay) and the outputs' (back, after it).
+The kernels read the call's dims from one small device array (copied in before the replay) and
+are launched for the dims rounded up to powers of two, so the calls of a bucket (every decode
+step from 65 to 128 tokens) replay the graph unchanged. A call whose launches do differ (a new
+bucket, a buffer that moved) updates only the nodes whose arguments or grid changed, in place
+(cuGraphExecKernelNodeSetParams), before the replay. Copies are only the inputs' (host to
+device, before the replay) and the outputs' (back, after it).
 
 Every device buffer the program allocates is freed when it is replaced by a larger one, and
 all of them (with the graphs) when the program is garbage-collected.
@@ -111,7 +113,9 @@ class CUDAProgram(OpenCLProgram):
         self._outputs: dict[str, tuple] = {}  # output name -> (device address, bytes)
         self._pointers: list[int] = []  # every live device buffer
         self._replays: dict[tuple, Replay] = {}
-        self.graph_updates = 0  # graph nodes updated in place so far (dims or addresses changed)
+        self._dims_buffer = self._allocate(8 * max(len(self.kernels.dims), 1))  # the call's dims, read by every kernel
+        self._launch_cache: dict[tuple, list] = {}  # (bucket, dims rounded up, buffer addresses) -> launches
+        self.graph_updates = 0  # graph nodes updated in place so far (a new dims bucket, a buffer moved)
         self._last: Replay | None = None  # the graph the last call replayed
         weakref.finalize(self, _release, self.device, self._pointers, self._replays)
 
@@ -125,13 +129,16 @@ class CUDAProgram(OpenCLProgram):
         self.device.free(ptr)
 
     def _room(self, held: tuple | None, nbytes: int) -> tuple:
-        """(device address, its bytes): `held`'s when it is large enough, else a new buffer (the
-        old one freed: nothing else refers to it, and no call is in flight between calls)."""
+        """(device address, its bytes): `held`'s when it is large enough, else a new buffer of the
+        next power of two (an input growing by a token a call, a KV cache, moves rarely, and with
+        it the graph's arguments); the old one freed: nothing else refers to it, and no call is
+        in flight between calls."""
         if held is not None and held[1] >= nbytes:
             return held
         if held is not None:
             self._free(held[0])
-        return self._allocate(nbytes), nbytes
+        room = 1 << max(int(nbytes) - 1, 0).bit_length()
+        return self._allocate(room), room
 
     def execute(self, arrays, env):
         dev, kp = self.device, self.kernels
@@ -158,6 +165,9 @@ class CUDAProgram(OpenCLProgram):
         for name, buf in kp.outputs.items():
             self._outputs[name] = self._room(self._outputs.get(name), 4 * math.prod(shapes[name]))
             where[buf] = (self._outputs[name][0], 0)
+        dims = np.array([env[d] for d in kp.dims] or [0], np.int64)
+        dev.upload(self._dims_buffer, dims)  # (in stream order: before the replay reads them)
+        staged.append(dims)
         self._replay(self._launches(where, env))
         results = {}
         for name, buf in kp.outputs.items():
@@ -168,14 +178,23 @@ class CUDAProgram(OpenCLProgram):
         return results
 
     def _launches(self, where: dict, env: dict) -> list:
-        """(function, grid, block, Args) of each kernel with something to compute, in order."""
-        dims, bucket, out = [int(env[d]) for d in self.kernels.dims], nearest_bucket(self.search, env), []
-        for call, functions in self._calls:
-            which = bucket if len(functions) > 1 else 0
-            sizes = launch(call.kernel, call.schedules[which], env)
-            if sizes is not None:
-                out.append((functions[which], *sizes, Args([x for b in call.buffers for x in where[b]] + dims)))
-        return out
+        """(function, grid, block, Args) of each kernel with something to compute, in order, sized
+        for the dims rounded up to powers of two (the kernels read the real ones from memory and
+        leave where past them): every call of a bucket launches alike, so its graph stays as it is."""
+        bucket = nearest_bucket(self.search, env)
+        rounded = {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()}
+        key = (bucket, *(rounded[d] for d in self.kernels.dims), *sorted(where.items()))
+        if key not in self._launch_cache:
+            if len(self._launch_cache) >= 4 * MAX_GRAPHS:
+                self._launch_cache.clear()
+            out = []
+            for call, functions in self._calls:
+                which = bucket if len(functions) > 1 else 0
+                sizes = launch(call.kernel, call.schedules[which], rounded)
+                if sizes is not None:
+                    out.append((functions[which], *sizes, Args([x for b in call.buffers for x in where[b]] + [self._dims_buffer])))
+            self._launch_cache[key] = out
+        return self._launch_cache[key]
 
     def _replay(self, launches: list) -> None:
         """Launch the graph of these kernels: built on first use, its changed nodes updated after."""
