@@ -46,3 +46,20 @@ CONFORMANCE = [
     (graph_tests.test_set_inputs_keeps_weights_across_calls, {}),
     (nn_tests.test_multihead_attention_masks_and_weights_match_torch, {}),
 ]
+
+
+def small_llama_matches_transformers(backend: str, tmp_path) -> None:
+    """A 2-layer random Llama (test_llama's) on `backend`: the logits of a prompt against
+    transformers, then decoding token by token through the KV cache against the full recompute."""
+    import numpy as np
+    import test_llama as llama
+    reference = llama._small_model("llama")
+    reference.save_pretrained(tmp_path)
+    model = llama.load(tmp_path, backend=backend)
+    ids = llama.IDS
+    full = model.logits(ids)
+    np.testing.assert_allclose(full, llama._reference_logits(reference, ids), atol=1e-4, rtol=0)
+    cache = model.new_cache(capacity=2)
+    np.testing.assert_allclose(model.forward(ids[:6], cache, last_only=False), full[:6], atol=1e-5, rtol=0)
+    for i in range(6, 9):
+        np.testing.assert_allclose(model.forward(ids[i:i + 1], cache)[-1], full[i], atol=1e-5, rtol=0)

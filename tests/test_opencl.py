@@ -26,8 +26,7 @@ except DeviceError as e:
 import test_autograd as autograd  # noqa: E402
 import test_graph as graph_tests  # noqa: E402
 from conftest import rand  # noqa: E402
-
-from conformance import CONFORMANCE  # noqa: E402  (each runs with backend="opencl")
+from conformance import CONFORMANCE, small_llama_matches_transformers  # noqa: E402  (each runs with backend="opencl")
 
 
 def _case_id(case) -> str:
@@ -64,17 +63,7 @@ def test_compiled_gradients_match_torch(name):
 def test_small_llama_logits_and_kv_cache_decoding_match_transformers(tmp_path):
     """A 2-layer random Llama (test_llama's) on opencl: the logits of a prompt against transformers,
     then decoding token by token through the KV cache against the full recompute."""
-    import test_llama as llama
-    reference = llama._small_model("llama")
-    reference.save_pretrained(tmp_path)
-    model = llama.load(tmp_path, backend="opencl")
-    ids = llama.IDS
-    full = model.logits(ids)
-    np.testing.assert_allclose(full, llama._reference_logits(reference, ids), atol=1e-4, rtol=0)
-    cache = model.new_cache(capacity=2)
-    np.testing.assert_allclose(model.forward(ids[:6], cache, last_only=False), full[:6], atol=1e-5, rtol=0)
-    for i in range(6, 9):
-        np.testing.assert_allclose(model.forward(ids[i:i + 1], cache)[-1], full[i], atol=1e-5, rtol=0)
+    small_llama_matches_transformers("opencl", tmp_path)
 
 
 # -- the kernel forms ---------------------------------------------------------------------------------

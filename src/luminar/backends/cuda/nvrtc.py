@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 
 from ...compiler.target import CompilerError, cache_dir
+from ..opencl.device import _quote_lines
 
 # --fmad=false: a * b + c rounds twice, as the reference does (the OpenCL prelude's FP_CONTRACT OFF);
 # division and square root stay IEEE-rounded (NVRTC's default -prec-div/-prec-sqrt=true).
@@ -89,15 +90,8 @@ def parse_usage(log: str) -> dict[str, Usage]:
 
 
 def quote_lines(source: str, log: str) -> str:
-    """The source lines NVRTC's log points at (`name.cu(LINE): error`), numbered, with context."""
-    lines = source.splitlines()
-    wanted = sorted({int(n) for n in re.findall(r"\((\d+)\): (?:error|catastrophic)", log)})[:5]
-    out = []
-    for n in wanted:
-        for k in range(max(n - 3, 1), min(n + 2, len(lines)) + 1):
-            out.append(f"{k:5d}{'>' if k == n else ' '} {lines[k - 1]}")
-        out.append("  ...")
-    return "\n".join(out) if out else "\n".join(f"{k + 1:5d}  {line}" for k, line in enumerate(lines[:40]))
+    """The source lines NVRTC's log points at (`luminar.cu(LINE): error`), numbered, with context."""
+    return _quote_lines(source, log, where=r"\((\d+)\): (?:error|catastrophic)")
 
 
 def _write(path, data: bytes) -> None:

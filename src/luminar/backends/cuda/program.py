@@ -26,6 +26,7 @@ from ...compiler import pipeline
 from ...compiler.search import nearest_bucket
 from ...errors import UnsupportedError
 from ...program import Program
+from ...symbolic import Const, FloorDiv, Min, Mul, Sum, Var
 from ..opencl.program import OpenCLProgram
 from .driver import Args, check, device, driver
 from .target import CUDATarget, launch
@@ -63,6 +64,22 @@ class Replay:
         cu = driver()
         cu.cuGraphExecDestroy(self.exec)
         cu.cuGraphDestroy(self.graph)
+
+
+def growing(e) -> bool:
+    """Whether a dim expression never decreases as any dim (>= 0) grows: sums with positive
+    coefficients, products, floor division by a positive constant, min and max of such."""
+    if isinstance(e, (Const, Var)):
+        return True
+    if isinstance(e, Sum):
+        return all(c > 0 and growing(t) for t, c in e.terms)
+    if isinstance(e, Mul):
+        return all(map(growing, e.children))
+    if isinstance(e, FloorDiv):
+        return growing(e.a) and isinstance(e.b, Const) and e.b.value > 0
+    if isinstance(e, Min):  # (and Max, its subclass)
+        return growing(e.a) and growing(e.b)
+    return False
 
 
 def _node_params(function, grid: tuple, block: tuple, args: Args):
@@ -115,6 +132,8 @@ class CUDAProgram(OpenCLProgram):
         self._replays: dict[tuple, Replay] = {}
         self._dims_buffer = self._allocate(8 * max(len(self.kernels.dims), 1))  # the call's dims, read by every kernel
         self._launch_cache: dict[tuple, list] = {}  # (bucket, dims rounded up, buffer addresses) -> launches
+        # launches may be sized for dims rounded up only if no output shape shrinks as a dim grows (t - s)
+        self._round_dims = all(growing(d) for call, _ in self._calls for d in call.kernel.shape)
         self.graph_updates = 0  # graph nodes updated in place so far (a new dims bucket, a buffer moved)
         self._last: Replay | None = None  # the graph the last call replayed
         weakref.finalize(self, _release, self.device, self._pointers, self._replays)
@@ -182,7 +201,7 @@ class CUDAProgram(OpenCLProgram):
         for the dims rounded up to powers of two (the kernels read the real ones from memory and
         leave where past them): every call of a bucket launches alike, so its graph stays as it is."""
         bucket = nearest_bucket(self.search, env)
-        rounded = {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()}
+        rounded = {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()} if self._round_dims else env
         key = (bucket, *(rounded[d] for d in self.kernels.dims), *sorted(where.items()))
         if key not in self._launch_cache:
             if len(self._launch_cache) >= 4 * MAX_GRAPHS:
