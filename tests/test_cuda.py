@@ -28,6 +28,8 @@ from conftest import rand  # noqa: E402
 from luminar.backends.cuda import CUDATarget, DeviceError  # noqa: E402
 from luminar.backends.cuda import driver  # noqa: E402
 from luminar.backends.cuda.mma import Mma, from_tile, precisions  # noqa: E402
+from luminar.backends.cuda.mma import operands as _operands  # noqa: E402
+from luminar.compiler.analysis import plan_tiles  # noqa: E402
 from luminar.backends.opencl.schedules import Grid, Rows, Tiled  # noqa: E402
 from luminar.compiler import search  # noqa: E402
 from luminar.compiler.kernels import lower  # noqa: E402
@@ -183,6 +185,74 @@ def test_schedules_round_trip_through_the_tuning_cache_json():
     for schedule in (Grid(128), Rows(256), Tiled(wi=4, wj=16, ri=2, rj=4, kt=8), Mma(1, 2, 2, 2, 32, "bf16")):
         data = json.loads(json.dumps(target.schedule_to_json(schedule)))
         assert target.schedule_from_json(data) == schedule
+
+
+# -- the cuda-only forms, emulated on the CPU ---------------------------------------------------------
+import cuda_emulate  # noqa: E402
+
+needs_gxx = pytest.mark.skipif(not cuda_emulate.available(), reason="no g++ for the CUDA emulation")
+
+
+def _ragged_matmul(dtype: str, batch: int | None):
+    """(program, kernel, inputs, float64 reference): 37 x 29 outputs over 45 steps (no tile
+    divides them), an epilogue, and for float32 computed operands (staged as the IR computes them)."""
+    g = lm.Graph()
+    lead = (batch,) if batch else ()
+    x, w = g.tensor("x", (*lead, 37, 45), dtype=dtype), g.tensor("w", (*lead, 29, 45), dtype=dtype)
+    rng = np.random.default_rng(4)
+    xs, ws = rng.standard_normal((*lead, 37, 45)).astype(np.float32), rng.standard_normal((*lead, 29, 45)).astype(np.float32)
+    if dtype == "bfloat16":
+        (x @ w.transpose(-1, -2) + 1.0).output("y")
+        bits = [(a.view(np.uint32) >> 16).astype(np.uint16) for a in (xs, ws)]
+        xs, ws = [(b.astype(np.uint32) << 16).view(np.float32) for b in bits]
+        inputs = dict(zip("xw", bits))
+        want = xs.astype(np.float64) @ np.swapaxes(ws, -1, -2) + 1.0
+    else:
+        ((x * 2.0 + 1.0) @ (w.transpose(-1, -2) * 0.5) + 1.0).output("y")
+        inputs = {"x": xs, "w": ws}
+        want = (xs.astype(np.float64) * 2 + 1) @ (np.swapaxes(ws, -1, -2) * 0.5) + 1.0
+    program = lower(optimize(g))
+    ids = {program.buffers[b].name: b for b in range(len(program.buffers)) if program.buffers[b].name in inputs}
+    return program, program.kernels[0], {ids[n]: a.ravel() for n, a in inputs.items()}, want
+
+
+@needs_gxx
+@pytest.mark.parametrize("schedule, dtype, batch", [
+    (Mma(2, 2, 2, 4, 32, "tf32"), "float32", None), (Mma(1, 2, 1, 4, 8, "tf32"), "float32", 3),
+    (Mma(2, 1, 1, 2, 16, "bf16"), "bfloat16", None), (Mma(1, 1, 2, 1, 32, "bf16"), "bfloat16", 2)],
+    ids=["tf32-64x64", "tf32-16x64-batched", "bf16-32x16", "bf16-32x8-batched"])
+def test_tensor_core_forms_compute_the_matmul_in_an_emulation_of_cuda(schedule, dtype, batch, tmp_path):
+    """Fragments, staging (zeros past the reduction's end), bounds, batches and the epilogue: the
+    mma form's CUDA C run by tests/cuda_emulate.py against float64 numpy. TF32 rounds operands to
+    10-bit mantissas; BF16 on bfloat16 values is exact up to float32 sums."""
+    program, kernel, inputs, want = _ragged_matmul(dtype, batch)
+    assert _operands(kernel, plan_tiles(kernel)) is not None
+    got = cuda_emulate.run(program, kernel, schedule, inputs, {}, tmp_path).reshape(want.shape)
+    scale = np.abs(want).max()
+    tolerance = 2e-3 if schedule.precision == "tf32" else 1e-6
+    assert np.abs(got - want).max() <= tolerance * scale, np.abs(got - want).max() / scale
+
+
+@needs_gxx
+def test_the_split_reduction_combines_every_block_in_an_emulation_of_cuda(tmp_path):
+    """A sum to a scalar and a max to 4 outputs (symbolic length, an epilogue), each over more
+    steps than the blocks' threads cover in one pass; launched twice (the counters reset)."""
+    from luminar.backends.cuda.split import Split
+    g = lm.Graph()
+    a = g.tensor("a", (70_001,))
+    (a * a + 1.0).sum().output("s")
+    x = g.tensor("x", (4, "n"))
+    (x.amax(-1) * 2.0).output("m")
+    program = lower(optimize(g))
+    rng = np.random.default_rng(5)
+    arrays = {0: rng.standard_normal(70_001).astype(np.float32)}
+    got = [cuda_emulate.run(program, program.kernels[0], Split(8, 64), arrays, {"n": 70_003}, tmp_path) for _ in range(2)]
+    want = (arrays[0].astype(np.float64) ** 2 + 1).sum()
+    assert abs(got[0][0] - want) <= 1e-5 * want and got[0][0] == got[1][0]  # deterministic
+    xs = rng.standard_normal((4, 70_003)).astype(np.float32)
+    x_id = next(b for b in range(len(program.buffers)) if program.buffers[b].name == "x")
+    out = cuda_emulate.run(program, program.kernels[1], Split(4, 32), {x_id: xs.ravel()}, {"n": 70_003}, tmp_path)
+    np.testing.assert_array_equal(out, xs.max(-1) * 2)
 
 
 # -- NVRTC ---------------------------------------------------------------------------------------
