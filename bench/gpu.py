@@ -469,7 +469,7 @@ def main() -> int:
         return 0
     clock, log, rows, dry, figures, ok = Clock(), [], [], [], {}, True
     extra_path = ensure_modules(log)
-    meta = {"command": "PYTHONPATH=src python bench/gpu.py" + (" --dry-run" if args.dry_run else ""),
+    meta = {"command": " ".join(["PYTHONPATH=src python bench/gpu.py", *sys.argv[1:]]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "versions": versions(), "dry_run": args.dry_run, "device": "none (dry run)"}
     dev = None
