@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ...compiler.analysis import plan_tiles
 from ...compiler.target import Target
 from ..opencl import schedules, space
 from ..opencl.render import Call, launch as work_sizes, render_program
@@ -79,7 +80,7 @@ class CUDATarget(Target):
         if splits(kernel):
             return Split()
         chosen = schedules.default_schedule(kernel)
-        if self.allow_tf32 and isinstance(chosen, Tiled) and mma.operands(kernel, mma.plan_tiles(kernel)):
+        if self.allow_tf32 and isinstance(chosen, Tiled) and mma.operands(kernel, plan_tiles(kernel)):
             return Mma()
         return chosen
 
@@ -93,7 +94,7 @@ class CUDATarget(Target):
     # -- the schedule space
     def space(self, kernel, env: dict):
         sp = space.space(kernel, env, self.device.max_threads)
-        if sp is not None and mma.operands(kernel, mma.plan_tiles(kernel)):
+        if sp is not None and mma.operands(kernel, plan_tiles(kernel)):
             sp.facts.extend(("mma", MMA_MARKS[p]) for p in self._precisions())
         return sp
 
