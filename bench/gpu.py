@@ -403,7 +403,7 @@ def run_chat(rows: list, model: str | None) -> None:
     done = subprocess.run([sys.executable, "-m", "luminar", "chat", "--device", "cuda", "--model", path, "--max-new-tokens", "24",
                            question], cwd=ROOT, capture_output=True, text=True, timeout=240,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])})
-    answer = " ".join(done.stdout.split())[:200] or done.stderr.strip().splitlines()[-1][:200]
+    answer = " ".join(done.stdout.split())[:200] or (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:200]
     rows.append(["`luminar chat --device cuda`", f"{question!r} -> {answer!r}", "-", "-", "answers Paris", "Paris" in answer])
 
 
@@ -468,7 +468,11 @@ def main() -> int:
         write_layout(args.write_layout)
         return 0
     clock, log, rows, dry, figures, ok = Clock(), [], [], [], {}, True
-    extra_path = ensure_modules(log)
+    try:
+        extra_path = ensure_modules(log)
+    except (OSError, subprocess.CalledProcessError) as e:  # (the search and the tests report what is missing)
+        extra_path = None
+        log.append(f"installing from {WHEELS.name}/ failed: {e}")
     meta = {"command": " ".join(["PYTHONPATH=src python bench/gpu.py", *sys.argv[1:]]),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "versions": versions(), "dry_run": args.dry_run, "device": "none (dry run)"}
