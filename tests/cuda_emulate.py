@@ -12,6 +12,7 @@ each lane computes its accumulators from the whole tiles, by the fragment layout
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import shutil
 import subprocess
@@ -104,8 +105,14 @@ extern "C" void lm_launch(void **args, unsigned gx, unsigned gy, unsigned gz, un
 """
 
 
+@functools.cache
 def available() -> bool:
-    return shutil.which("g++") is not None
+    """Whether a g++ with C++20's <barrier> is here (GCC 11 or later)."""
+    if shutil.which("g++") is None:
+        return False
+    done = subprocess.run(["g++", "-std=c++20", "-fsyntax-only", "-x", "c++", "-"], input="#include <barrier>\n",
+                          capture_output=True, text=True)
+    return done.returncode == 0
 
 
 def run(program, kernel, schedule, arrays: dict, env: dict, folder: Path) -> np.ndarray:

@@ -190,7 +190,7 @@ def test_schedules_round_trip_through_the_tuning_cache_json():
 # -- the cuda-only forms, emulated on the CPU ---------------------------------------------------------
 import cuda_emulate  # noqa: E402
 
-needs_gxx = pytest.mark.skipif(not cuda_emulate.available(), reason="no g++ for the CUDA emulation")
+needs_gxx = pytest.mark.skipif(not cuda_emulate.available(), reason="no g++ with C++20 <barrier> for the CUDA emulation")
 
 
 def _ragged_matmul(dtype: str, batch: int | None):
