@@ -24,49 +24,9 @@ except DeviceError as e:
     pytest.skip(f"no OpenCL device: {e}", allow_module_level=True)
 
 import test_autograd as autograd  # noqa: E402
-import test_elementwise as elementwise  # noqa: E402
 import test_graph as graph_tests  # noqa: E402
-import test_indexing as indexing  # noqa: E402
-import test_linalg as linalg  # noqa: E402
-import test_nn as nn_tests  # noqa: E402
-import test_nn_ops as nn_ops  # noqa: E402
-import test_reduce as reduce_tests  # noqa: E402
 from conftest import rand  # noqa: E402
-
-# (test function of another file, its parameters): each runs with backend="opencl"
-CONFORMANCE = [
-    *[(elementwise.test_unary_op_matches_torch, {"name": n})
-      for n in ("gelu", "erf", "tanh", "sigmoid", "log1p", "expm1", "cos", "round", "sign", "rsqrt")],
-    (elementwise.test_unary_op_at_large_and_tiny_values, {"name": "softplus"}),
-    (elementwise.test_erf_max_abs_error_is_below_1e_minus_6_on_minus_6_to_6, {}),
-    *[(elementwise.test_binary_op_broadcasts_like_torch, {"name": n}) for n in ("sub", "div_floor", "pow_operator", "remainder")],
-    (elementwise.test_division_by_zero_gives_torch_infinities_and_nan, {"name": "div"}),
-    (elementwise.test_clamp_handles_infinities_exactly_and_propagates_nan, {}),
-    (elementwise.test_round_breaks_ties_to_even, {}),
-    *[(reduce_tests.test_reduction_over_dims, {"name": n, "dim": d, "keepdim": False})
-      for n, d in (("sum", (0, 2)), ("amax", -1), ("var", None), ("logsumexp", (-1, 1)))],
-    (reduce_tests.test_softmax_family, {"name": "softmax", "dim": -1}),
-    (reduce_tests.test_softmax_family_is_stable_for_large_inputs, {"name": "log_softmax"}),
-    (reduce_tests.test_softmax_with_masked_entries, {}),
-    (reduce_tests.test_logsumexp_of_all_negative_infinity_is_negative_infinity, {}),
-    (reduce_tests.test_argmax_argmin_return_first_index_on_ties, {"name": "argmax", "dim": 1, "keepdim": False}),
-    (reduce_tests.test_cumsum, {"dim": 1}),
-    (linalg.test_matmul_function_and_reflected_operator, {}),
-    (linalg.test_bmm_with_symbolic_batch_and_seq, {}),
-    (linalg.test_linear_with_symbolic_batch_and_seq, {}),
-    (linalg.test_linear_on_a_transposed_input, {}),
-    (nn_ops.test_layer_norm_eps_and_symbolic_sequence, {}),
-    (nn_ops.test_conv2d_with_symbolic_batch_and_image_size, {}),
-    (nn_ops.test_max_pool2d_padding_never_wins_over_negative_inputs, {}),
-    (indexing.test_embedding_with_symbolic_sequence, {}),
-    (indexing.test_gather_with_symbolic_dims, {}),
-    (indexing.test_masked_fill_with_a_symbolic_causal_mask, {}),
-    (indexing.test_cat_along_symbolic_dims, {}),
-    (graph_tests.test_design_example_runs_and_binds_s_at_run_time, {}),
-    (graph_tests.test_bfloat16_matches_torch_rounding, {}),
-    (graph_tests.test_set_inputs_keeps_weights_across_calls, {}),
-    (nn_tests.test_multihead_attention_masks_and_weights_match_torch, {}),
-]
+from conformance import CONFORMANCE, small_llama_matches_transformers  # noqa: E402  (each runs with backend="opencl")
 
 
 def _case_id(case) -> str:
@@ -103,17 +63,7 @@ def test_compiled_gradients_match_torch(name):
 def test_small_llama_logits_and_kv_cache_decoding_match_transformers(tmp_path):
     """A 2-layer random Llama (test_llama's) on opencl: the logits of a prompt against transformers,
     then decoding token by token through the KV cache against the full recompute."""
-    import test_llama as llama
-    reference = llama._small_model("llama")
-    reference.save_pretrained(tmp_path)
-    model = llama.load(tmp_path, backend="opencl")
-    ids = llama.IDS
-    full = model.logits(ids)
-    np.testing.assert_allclose(full, llama._reference_logits(reference, ids), atol=1e-4, rtol=0)
-    cache = model.new_cache(capacity=2)
-    np.testing.assert_allclose(model.forward(ids[:6], cache, last_only=False), full[:6], atol=1e-5, rtol=0)
-    for i in range(6, 9):
-        np.testing.assert_allclose(model.forward(ids[i:i + 1], cache)[-1], full[i], atol=1e-5, rtol=0)
+    small_llama_matches_transformers("opencl", tmp_path)
 
 
 # -- the kernel forms ---------------------------------------------------------------------------------

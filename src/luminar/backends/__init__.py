@@ -8,7 +8,7 @@ import importlib
 from ..errors import UnsupportedError
 
 BACKENDS = {"reference": ("reference", "ReferenceProgram"), "cpu": ("cpu", "CPUProgram"),
-            "opencl": ("opencl", "OpenCLProgram")}
+            "opencl": ("opencl", "OpenCLProgram"), "cuda": ("cuda", "CUDAProgram")}
 
 
 def get_backend(name: str):

@@ -119,10 +119,11 @@ def _build_log(program, device) -> str:
         return ""
 
 
-def _quote_lines(source: str, log: str) -> str:
-    """The source lines the build log points at (`<source>:LINE:COL`), numbered, with context."""
+def _quote_lines(source: str, log: str, where: str = r":(\d+):\d+:") -> str:
+    """The source lines the build log points at (`where` finds their numbers: `<source>:LINE:COL`
+    by default), numbered, with context."""
     lines = source.splitlines()
-    wanted = sorted({int(n) for n in re.findall(r":(\d+):\d+:", log)})[:5]
+    wanted = sorted({int(n) for n in re.findall(where, log)})[:5]
     out = []
     for n in wanted:
         for k in range(max(n - 3, 1), min(n + 2, len(lines)) + 1):

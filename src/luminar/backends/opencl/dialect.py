@@ -25,6 +25,9 @@ class Dialect:
     prelude: str  # helpers and math spellings every program starts with
     types: dict = field(default_factory=dict)  # storage dtype -> element type of its pointer
     loads: dict = field(default_factory=dict)  # storage dtype -> format(pointer, index): the element as a float
+    # dims read from one device array (`lm_dims`) rather than passed by value: a launch's arguments
+    # then stay the same across calls (CUDA graphs), and its size may round dims up (extra groups leave)
+    dims_in_memory: bool = False
 
     def load(self, dtype: str, pointer: str, index: str) -> str:
         return self.loads.get(dtype, "(float){0}[{1}]").format(pointer, index)

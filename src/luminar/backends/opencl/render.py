@@ -134,7 +134,11 @@ def signature(program: KernelProgram, kernel: Kernel, dialect: Dialect, name: st
         const = "" if b == kernel.out else "const "
         params += [f"{dialect.global_ptr} {const}{ctype} *b{b}_base", f"const {dialect.index} b{b}_off"]
         setup.append(f"    {dialect.global_ptr} {const}{ctype} *b{b} = b{b}_base + b{b}_off;")
-    params += [f"const {dialect.index} {Var(d).render_c()}" for d in program.dims]  # (lm_dim_ names, as render_c spells them)
+    if dialect.dims_in_memory:
+        params.append(f"{dialect.global_ptr} const {dialect.index} *lm_dims")
+        setup += [f"    const {dialect.index} {Var(d).render_c()} = lm_dims[{k}];" for k, d in enumerate(program.dims)]
+    else:
+        params += [f"const {dialect.index} {Var(d).render_c()}" for d in program.dims]  # (lm_dim_ names, as render_c spells them)
     return [f"{dialect.kernel} {name}({', '.join(params)}) {{"] + setup
 
 
@@ -188,6 +192,8 @@ def render_rows(program, kernel, schedule: Rows, d: Dialect) -> list[str]:
     lines = [f"    {d.local_array} float lm_part[{size}];",
              f"    const {d.index} lm_row = ({d.index}){d.group_id.format(0)};",
              f"    const int lm_lid = (int){d.local_id.format(0)};"]
+    if d.dims_in_memory:  # (the launch may round dims up: the extra work-groups leave, all their items alike)
+        lines.append(f"    if (lm_row >= {numel(kernel.shape[:-1]).render_c()}) return;")
     lines += _unflatten("lm_row", kernel.loop_vars[:-1], kernel.shape[:-1], d)
     em = Emitter(program, d, "    ")
     for red in hoisted_rows(kernel):
@@ -230,6 +236,8 @@ def render_tiled(program, kernel, plan: TilePlan, s: Tiled, d: Dialect) -> list[
     lines += [f"    const int lm_lj = (int){d.local_id.format(0)}, lm_li = (int){d.local_id.format(1)};",
               f"    const {ix} lm_j0 = ({ix}){d.group_id.format(0)} * {bj}, lm_i0 = ({ix}){d.group_id.format(1)} * {bi};",
               f"    const {ix} lm_batch = ({ix}){d.group_id.format(2)};"]
+    if d.dims_in_memory:  # (as in render_rows; rows and columns past the end are clamped and not stored)
+        lines.append(f"    if (lm_batch >= {numel(kernel.shape[:-2]).render_c()}) return;")
     lines += _unflatten("lm_batch", kernel.loop_vars[:-2], kernel.shape[:-2], d)
     lines += [f"    float lm_acc[{s.ri}][{s.rj}];",
               f"    for (int lm_a = 0; lm_a < {s.ri}; lm_a++) for (int lm_b = 0; lm_b < {s.rj}; lm_b++) "
@@ -319,6 +327,8 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
         if not hoisted_rows(kernel) or schedule.local & (schedule.local - 1):
             raise ValueError(f"{kernel.name}: the rows form needs row values and a power-of-two work-group")
         lines += render_rows(program, kernel, schedule, dialect)
+    elif hasattr(schedule, "render"):  # a form a target defines itself (the cuda target's tensor-core tiles)
+        lines += schedule.render(program, kernel, dialect)
     else:
         lines += render_grid(program, kernel, schedule, dialect)
     return "\n".join(lines + ["}"])

@@ -1,0 +1,242 @@
+"""The cuda target's runtime: a compiled graph's cubin, its arena, and each call as one CUDA graph.
+
+What the opencl runtime does (OpenCLProgram: memory plans per dim bucket placing every
+temporary in one arena, device buffers for inputs and outputs, weights copied once, updated
+state kept on the device) is inherited; the call itself differs. The kernels a call runs are
+one CUDA graph, built once per shape bucket and set of non-empty kernels, instantiated, and
+replayed with one cuGraphLaunch per call: a decode step is one launch, not one per kernel.
+The kernels read the call's dims from one small device array (copied in before the replay) and
+are launched for the dims rounded up to powers of two, so the calls of a bucket (every decode
+step from 65 to 128 tokens) replay the graph unchanged. A call whose launches do differ (a new
+bucket, a buffer that moved) updates only the nodes whose arguments or grid changed, in place
+(cuGraphExecKernelNodeSetParams), before the replay. Copies are only the inputs' (host to
+device, before the replay) and the outputs' (back, after it).
+
+Every device buffer the program allocates is freed when it is replaced by a larger one, and
+all of them (with the graphs) when the program is garbage-collected.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+
+from ...compiler import pipeline
+from ...compiler.search import nearest_bucket
+from ...errors import UnsupportedError
+from ...program import Program
+from ...symbolic import Const, FloorDiv, Min, Mul, Sum, Var
+from ..opencl.program import OpenCLProgram
+from .driver import Args, check, device, driver
+from .target import CUDATarget, launch
+
+MAX_GRAPHS = 16  # instantiated graphs kept per program (shape buckets x which kernels are non-empty)
+
+
+class Replay:
+    """One instantiated CUDA graph: the call's kernels in order, each node's current arguments."""
+
+    def __init__(self, launches: list):
+        cu = driver()
+        self.graph = check(cu.cuGraphCreate(0), "cuGraphCreate")
+        self.nodes, self.current = [], []
+        for function, grid, block, args in launches:
+            after = self.nodes[-1:]
+            self.nodes.append(check(cu.cuGraphAddKernelNode(self.graph, after, len(after),
+                                                            _node_params(function, grid, block, args)),
+                                    "cuGraphAddKernelNode"))
+            self.current.append((grid, block, args))
+        self.exec = check(cu.cuGraphInstantiate(self.graph, 0), "cuGraphInstantiate")
+
+    def update(self, launches: list) -> int:
+        """Set the nodes whose grid or arguments differ from `launches`; returns how many changed."""
+        cu, changed = driver(), 0
+        for k, (function, grid, block, args) in enumerate(launches):
+            if self.current[k][:2] != (grid, block) or self.current[k][2].values != args.values:
+                check(cu.cuGraphExecKernelNodeSetParams(self.exec, self.nodes[k], _node_params(function, grid, block, args)),
+                      "cuGraphExecKernelNodeSetParams")
+                self.current[k] = (grid, block, args)
+                changed += 1
+        return changed
+
+    def destroy(self) -> None:
+        cu = driver()
+        cu.cuGraphExecDestroy(self.exec)
+        cu.cuGraphDestroy(self.graph)
+
+
+def growing(e) -> bool:
+    """Whether a dim expression never decreases as any dim (>= 0) grows: sums with positive
+    coefficients, products, floor division by a positive constant, min and max of such."""
+    if isinstance(e, (Const, Var)):
+        return True
+    if isinstance(e, Sum):
+        return all(c > 0 and growing(t) for t, c in e.terms)
+    if isinstance(e, Mul):
+        return all(map(growing, e.children))
+    if isinstance(e, FloorDiv):
+        return growing(e.a) and isinstance(e.b, Const) and e.b.value > 0
+    if isinstance(e, Min):  # (and Max, its subclass)
+        return growing(e.a) and growing(e.b)
+    return False
+
+
+def _node_params(function, grid: tuple, block: tuple, args: Args):
+    params = driver().CUDA_KERNEL_NODE_PARAMS()
+    params.func = function
+    params.gridDimX, params.gridDimY, params.gridDimZ = grid
+    params.blockDimX, params.blockDimY, params.blockDimZ = block
+    params.sharedMemBytes = 0
+    params.kernelParams = args.address  # (the driver copies the arguments into the node)
+    return params
+
+
+def _release(dev, pointers: list, replays: dict) -> None:
+    """Free a program's device buffers and graphs (at garbage collection; errors at exit ignored)."""
+    try:
+        dev.make_current()
+        for replay in replays.values():
+            replay.destroy()
+        for ptr in pointers:
+            dev.free(ptr)
+    except Exception:  # (the driver may already be shut down when the interpreter exits)
+        pass
+    pointers.clear()
+    replays.clear()
+
+
+class CUDAProgram(OpenCLProgram):
+    """A graph compiled to one cubin; a call replays one CUDA graph. `source` is the generated
+    CUDA C, `cubin` NVRTC's output (with ptxas's register and spill report), `kernels` the IR."""
+    backend = "cuda"
+
+    def __init__(self, graph, search=None, search_dims=None, seed=0, target=None, allow_tf32=False):
+        """Options: `search`, `search_dims`, `seed` (see compiler/pipeline.compile_graph);
+        `allow_tf32` (default False): matmuls may round their operands to TF32 on tensor cores;
+        `target` a CUDATarget (default: the device's, with allow_tf32)."""
+        Program.__init__(self, graph)
+        self.device = device()  # (first: no device is a DeviceError before any compiling)
+        target = target or CUDATarget(self.device.target, allow_tf32)
+        self.compiled = pipeline.compile_graph(graph, target, search, search_dims, seed)
+        self.kernels, self.search = self.compiled.kernels, self.compiled.search
+        self.choices, self.fusions = self.compiled.choices, self.compiled.fusions
+        built = self.compiled.built
+        self.source, self.cubin, self.compile_seconds = built.source, built.cubin, self.compiled.build_seconds
+        functions = self.device.load(built.cubin.image, sorted({n for call in built.calls for n in call.functions}))
+        self._calls = [(call, [functions[n] for n in call.functions]) for call in built.calls]
+        self._plans, self._arena, self._arena_bytes = {}, None, 0
+        self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device address, bytes)
+        self._outputs: dict[str, tuple] = {}  # output name -> (device address, bytes)
+        self._pointers: list[int] = []  # every live device buffer
+        self._replays: dict[tuple, Replay] = {}
+        self._dims_buffer = self._allocate(8 * max(len(self.kernels.dims), 1))  # the call's dims, read by every kernel
+        self._launch_cache: dict[tuple, list] = {}  # (bucket, dims rounded up, buffer addresses) -> launches
+        # launches may be sized for dims rounded up only if no output shape shrinks as a dim grows (t - s)
+        self._round_dims = all(growing(d) for call, _ in self._calls for d in call.kernel.shape)
+        self.graph_updates = 0  # graph nodes updated in place so far (a new dims bucket, a buffer moved)
+        self._last: Replay | None = None  # the graph the last call replayed
+        weakref.finalize(self, _release, self.device, self._pointers, self._replays)
+
+    def _allocate(self, nbytes: int) -> int:
+        ptr = self.device.allocate(nbytes)
+        self._pointers.append(ptr)
+        return ptr
+
+    def _free(self, ptr: int) -> None:
+        self._pointers.remove(ptr)
+        self.device.free(ptr)
+
+    def _room(self, held: tuple | None, nbytes: int) -> tuple:
+        """(device address, its bytes): `held`'s when it is large enough, else a new buffer of the
+        next power of two (an input growing by a token a call, a KV cache, moves rarely, and with
+        it the graph's arguments); the old one freed: nothing else refers to it, and no call is
+        in flight between calls."""
+        if held is not None and held[1] >= nbytes:
+            return held
+        if held is not None:
+            self._free(held[0])
+        room = 1 << max(int(nbytes) - 1, 0).bit_length()
+        return self._allocate(room), room
+
+    def execute(self, arrays, env):
+        dev, kp = self.device, self.kernels
+        dev.make_current()
+        plan = self.memory_plan(env)
+        if self._arena is None or self._arena_bytes < plan.arena_bytes:
+            self._arena, self._arena_bytes = self._room((self._arena, self._arena_bytes) if self._arena else None,
+                                                        plan.arena_bytes)
+        where = {b: (self._arena, offset // 4) for b, offset in plan.offsets.items()}
+        staged = []  # host copies alive until the stream has read them
+        for name, buf in kp.inputs.items():
+            given, held = arrays[name], self._inputs.get(name)
+            resident = given is self.fixed.get(name)  # a weight or state: kept while it is the same array
+            if resident and held is not None and held[0] is given:
+                where[buf] = (held[1], 0)
+                continue
+            host = np.ascontiguousarray(given)
+            room = self._room(held[1:] if held is not None else None, host.nbytes)
+            dev.upload(room[0], host)
+            staged.append(host)
+            self._inputs[name] = (given if resident else None, *room)
+            where[buf] = (room[0], 0)
+        shapes = {name: tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]) for name in kp.outputs}
+        for name, buf in kp.outputs.items():
+            self._outputs[name] = self._room(self._outputs.get(name), 4 * math.prod(shapes[name]))
+            where[buf] = (self._outputs[name][0], 0)
+        dims = np.array([env[d] for d in kp.dims] or [0], np.int64)
+        dev.upload(self._dims_buffer, dims)  # (in stream order: before the replay reads them)
+        staged.append(dims)
+        self._replay(self._launches(where, env))
+        results = {}
+        for name, buf in kp.outputs.items():
+            results[name] = np.empty(shapes[name], np.float32)
+            dev.download(results[name], where[buf][0])
+        dev.synchronize("the program's CUDA graph")
+        self._keep_state(results)
+        return results
+
+    def _launches(self, where: dict, env: dict) -> list:
+        """(function, grid, block, Args) of each kernel with something to compute, in order, sized
+        for the dims rounded up to powers of two (the kernels read the real ones from memory and
+        leave where past them): every call of a bucket launches alike, so its graph stays as it is."""
+        bucket = nearest_bucket(self.search, env)
+        rounded = {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()} if self._round_dims else env
+        key = (bucket, *(rounded[d] for d in self.kernels.dims), *sorted(where.items()))
+        if key not in self._launch_cache:
+            if len(self._launch_cache) >= 4 * MAX_GRAPHS:
+                self._launch_cache.clear()
+            out = []
+            for call, functions in self._calls:
+                which = bucket if len(functions) > 1 else 0
+                sizes = launch(call.kernel, call.schedules[which], rounded)
+                if sizes is not None:
+                    out.append((functions[which], *sizes, Args([x for b in call.buffers for x in where[b]] + [self._dims_buffer])))
+            self._launch_cache[key] = out
+        return self._launch_cache[key]
+
+    def _replay(self, launches: list) -> None:
+        """Launch the graph of these kernels: built on first use, its changed nodes updated after."""
+        if not launches:
+            return
+        key = tuple(int(function) if hasattr(function, "__int__") else id(function) for function, *_ in launches)
+        replay = self._replays.get(key)
+        if replay is None:
+            if len(self._replays) >= MAX_GRAPHS:
+                self._replays.pop(next(iter(self._replays))).destroy()
+            replay = self._replays[key] = Replay(launches)
+        else:
+            self.graph_updates += replay.update(launches)
+        self._last = replay
+        check(driver().cuGraphLaunch(replay.exec, self.device.stream), "cuGraphLaunch")
+
+    def replay(self, reps: int = 1) -> None:
+        """Replay the last call's CUDA graph `reps` times and wait: the device's work of a call
+        alone, without the copies and checks around it (what benchmarks against other GPU
+        libraries time). The outputs' buffers hold the result; nothing is copied back."""
+        if self._last is None:
+            raise UnsupportedError("replay() needs a call first: it repeats the last call's graph")
+        self.device.make_current()
+        for _ in range(reps):
+            check(driver().cuGraphLaunch(self._last.exec, self.device.stream), "cuGraphLaunch")
+        self.device.synchronize("replaying the program's CUDA graph")
