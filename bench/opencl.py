@@ -12,8 +12,9 @@ interleaved in the same run) are quoted. Cases:
   steps staged in local memory) vs the searched schedule;
 - softmax over rows: the default (a work-group of 64 per row, row values reduced in local
   memory) vs the searched work-group size;
-- naive causal attention (softmax(q k^T / sqrt(d) + mask) v, 8 heads, head_dim 64): its kernels
-  with default schedules vs searched ones.
+- naive causal attention (softmax(q k^T / sqrt(d) + mask) v, 8 heads, head_dim 64): its three
+  kernels with default schedules vs the searched program, where the search times the online-softmax
+  (flash) GPU kernel against the three kernels and keeps it when faster.
 
 Each compile with search starts from an empty tuning cache. Every output is checked against
 numpy (float64) before it is timed; the load other tenants put on the CPUs is reported.
@@ -92,7 +93,10 @@ def run_case(name, case, budget_s, tolerance):
     return {"case": name, "default_ms": round(times["default"]["median_ms"], 3),
             "searched_ms": round(times["searched"]["median_ms"], 3), "speedup": round(ratio, 3),
             "compile_s": compile_s, "idle_fractions": {k: round(v, 2) for k, v in load.items()},
-            "default_schedules": programs["default"].explain().splitlines()[1:], "searched_explain": chosen}
+            "default_schedules": programs["default"].explain().splitlines()[1:], "searched_explain": chosen,
+            "fusions": [{"kernels": f.replaced, "chosen": f.chosen, "unfused_ms": round(f.unfused_s * 1e3, 3),
+                         "fused_ms": {c[0]: round(c[1] * 1e3, 3) for c in f.candidates if c[1] is not None}}
+                        for f in programs["searched"].fusions]}
 
 
 def write_report(results, device, quick):
@@ -109,6 +113,14 @@ def write_report(results, device, quick):
         idle = ", ".join(f"{v:.0%}" for v in r["idle_fractions"].values())
         lines.append(f"| {r['case']} | {r['default_ms']:.2f} | {r['searched_ms']:.2f} | {r['speedup']:.2f}x | "
                      f"{r['compile_s']['searched']} | {idle} |")
+    for r in results:
+        for f in r["fusions"]:
+            best = min(f["fused_ms"].items(), key=lambda kv: kv[1], default=None)
+            if best is not None:
+                lines += ["", f"{r['case']}: the search timed the unfused kernels ({' + '.join(f['kernels'])}) at "
+                          f"{f['unfused_ms']:.2f} ms and the fastest online-softmax (flash) kernel at {best[1]:.2f} ms "
+                          f"({f['unfused_ms'] / best[1]:.2f}x; {best[0]}): "
+                          + ("fused." if f["chosen"] else "kept unfused.")]
     lines += ["", "What the search chose and the kernel times it measured (`explain()` of the searched program;",
               "the whole-program times above also hold the host copies of inputs and outputs):", ""]
     for r in results:

@@ -9,8 +9,8 @@ mask), and every work-item of a row rescales its running max, sum and accumulato
 block's weights times the values for the output columns it owns (every lanes-th). Only
 rows x keys scores exist at any time, in local memory, never S x S.
 
-The lanes of a row compute the row's max and sum redundantly from the same local values in the
-same order, so they agree bit for bit without a broadcast. A row whose every weight in the block
+Each lane keeps the max of its scores and the sum of its weights in local memory; the lanes of
+a row combine those of all lanes in the same order, so they agree bit for bit without a broadcast. A row whose every weight in the block
 is 0 (exp2 underflows; a causal mask's future keys) skips the value update. Barriers are outside
 every branch that could differ between work-items.
 """
@@ -48,6 +48,8 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
     lines = [f"    {d.local_array} float lm_q[{rows * K}];", f"    {d.local_array} float lm_k[{keys * K}];",
              f"    {d.local_array} float lm_v[{keys * D}];", f"    {d.local_array} float lm_s[{rows * keys}];",
              f"    {d.local_array} float lm_p[{rows * keys}];",
+             f"    {d.local_array} float lm_tops[{rows * lanes}];",  # each lane's max of its scores of the block
+             f"    {d.local_array} float lm_sums[{rows * lanes}];",  # and sum of its weights
              f"    const int lm_lane = (int){d.local_id.format(0)}, lm_r = (int){d.local_id.format(1)};",
              f"    const int lm_lid = lm_r * {lanes} + lm_lane;",
              f"    const {ix} lm_i0 = ({ix}){d.group_id.format(1)} * {rows};",
@@ -63,8 +65,9 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
               f"    for (int lm_c = 0; lm_c < {owned}; lm_c++) lm_acc[lm_c] = 0.0f;",
               f"    for ({ix} lm_j0 = 0; lm_j0 < {N}; lm_j0 += {keys}) {{"]
     # -- stage the block's keys and values
+    # (keys transposed: the work-items of a row score adjacent keys, so they read adjacent words)
     lines += [f"        for (int lm_t = lm_lid; lm_t < {keys * K}; lm_t += {items}) {{",
-              f"            const {ix} {j} = min(lm_j0 + lm_t / {K}, ({ix})({N}) - 1), {k} = lm_t % {K};"]
+              f"            const {ix} {j} = min(lm_j0 + lm_t % {keys}, ({ix})({N}) - 1), {k} = lm_t / {keys};"]
     body, key = emit(plan.key, "            ")
     lines += body + [f"            lm_k[lm_t] = {key};", "        }",
                      f"        for (int lm_t = lm_lid; lm_t < {keys * D}; lm_t += {items}) {{",
@@ -72,17 +75,21 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
     body, value = emit(plan.value, "            ")
     lines += body + [f"            lm_v[lm_t] = {value};", "        }", f"        {d.barrier}"]
     # -- this work-item's scores: every lanes-th key of its row
-    lines += [f"        for (int lm_jj = lm_lane; lm_jj < {keys}; lm_jj += {lanes}) {{",
-              f"            const {ix} {j} = min(lm_j0 + lm_jj, ({ix})({N}) - 1);",
-              "            float lm_dot = 0.0f;",
-              f"            for (int lm_kk = 0; lm_kk < {K}; lm_kk++) lm_dot += lm_q[lm_r * {K} + lm_kk] * lm_k[lm_jj * {K} + lm_kk];"]
-    body, score = emit(plan.score, "            ", {plan.dot: "lm_dot"})
-    lines += body + [f"            lm_s[lm_r * {keys} + lm_jj] = lm_j0 + lm_jj < {N} ? {score} : -INFINITY;", "        }",
-                     f"        {d.barrier}"]
-    # -- the row's new max (every lane alike), then this lane's share of the weights
     lines += ["        float lm_top = -INFINITY;", "        int lm_nan = 0;",
-              f"        for (int lm_jj = 0; lm_jj < {keys}; lm_jj++) {{",
-              f"            const float lm_a = lm_s[lm_r * {keys} + lm_jj];",
+              f"        for (int lm_jj = lm_lane; lm_jj < {keys}; lm_jj += {lanes}) {{",
+              f"            const {ix} {j} = min(lm_j0 + lm_jj, ({ix})({N}) - 1);",
+              "            float lm_dot = 0.0f;", "            #pragma unroll",  # (straight-line code PoCL can vectorize across work-items)
+              f"            for (int lm_kk = 0; lm_kk < {K}; lm_kk++) lm_dot += lm_q[lm_r * {K} + lm_kk] * lm_k[lm_kk * {keys} + lm_jj];"]
+    body, score = emit(plan.score, "            ", {plan.dot: "lm_dot"})
+    lines += body + [f"            const float lm_a = lm_j0 + lm_jj < {N} ? {score} : -INFINITY;",
+                     f"            lm_s[lm_r * {keys} + lm_jj] = lm_a;",
+                     "            lm_top = lm_top > lm_a ? lm_top : lm_a;", "            lm_nan |= lm_a != lm_a;", "        }",
+                     f"        lm_tops[lm_r * {lanes} + lm_lane] = lm_nan ? NAN : lm_top;",
+                     f"        {d.barrier}"]
+    # -- the row's new max from its lanes' (every lane alike), then this lane's share of the weights
+    lines += ["        lm_top = -INFINITY;", "        lm_nan = 0;",
+              f"        for (int lm_u = 0; lm_u < {lanes}; lm_u++) {{",
+              f"            const float lm_a = lm_tops[lm_r * {lanes} + lm_u];",
               "            lm_top = lm_top > lm_a ? lm_top : lm_a;", "            lm_nan |= lm_a != lm_a;", "        }",
               "        if (lm_nan) lm_top = NAN;  /* max_reduce propagates NaN */",
               f"        const float lm_mnew = {vmax.format('lm_m', 'lm_top')};",
@@ -90,17 +97,20 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
               f"        const int lm_live = exp2((lm_top - lm_shift) * {c}) != 0.0f || lm_top != lm_top;",
               f"        const float lm_alpha = lm_m == lm_mnew ? 1.0f : exp2((lm_m - lm_shift) * {c});",
               "        lm_m = lm_mnew;",
-              f"        for (int lm_jj = lm_lane; lm_jj < {keys}; lm_jj += {lanes})",
-              f"            lm_p[lm_r * {keys} + lm_jj] = exp2((lm_s[lm_r * {keys} + lm_jj] - lm_shift) * {c});",
+              "        float lm_part = 0.0f;",
+              f"        for (int lm_jj = lm_lane; lm_jj < {keys}; lm_jj += {lanes}) {{",
+              f"            const float lm_w = exp2((lm_s[lm_r * {keys} + lm_jj] - lm_shift) * {c});",
+              f"            lm_p[lm_r * {keys} + lm_jj] = lm_w;", "            lm_part += lm_w;", "        }",
+              f"        lm_sums[lm_r * {lanes} + lm_lane] = lm_part;",
               f"        {d.barrier}",
               "        if (lm_live) {", "            float lm_total = 0.0f;",
-              f"            for (int lm_jj = 0; lm_jj < {keys}; lm_jj++) lm_total += lm_p[lm_r * {keys} + lm_jj];",
-              "            lm_l = lm_l * lm_alpha + lm_total;",
-              f"            for (int lm_c = 0; lm_c < {owned}; lm_c++) {{",
-              "                float lm_sum = 0.0f;",
-              f"                for (int lm_jj = 0; lm_jj < {keys}; lm_jj++) "
-              f"lm_sum += lm_p[lm_r * {keys} + lm_jj] * lm_v[lm_jj * {D} + lm_lane + {lanes} * lm_c];",
-              "                lm_acc[lm_c] = lm_acc[lm_c] * lm_alpha + lm_sum;", "            }", "        }",
+              f"            for (int lm_u = 0; lm_u < {lanes}; lm_u++) lm_total += lm_sums[lm_r * {lanes} + lm_u];",
+              "            lm_l = lm_l * lm_alpha + lm_total;", "            #pragma unroll",
+              f"            for (int lm_c = 0; lm_c < {owned}; lm_c++) lm_acc[lm_c] *= lm_alpha;",
+              f"            for (int lm_jj = 0; lm_jj < {keys}; lm_jj++) {{",  # (each weight read once, each value once)
+              f"                const float lm_w = lm_p[lm_r * {keys} + lm_jj];", "                #pragma unroll",
+              f"                for (int lm_c = 0; lm_c < {owned}; lm_c++) lm_acc[lm_c] += lm_w * lm_v[lm_jj * {D} + lm_lane + {lanes} * lm_c];",
+              "            }", "        }",
               f"        {d.barrier}  /* the block's keys and values are read: the next block may overwrite them */",
               "    }"]
     # -- the epilogue: the kernel's value with the sum, its row max and row sum from the accumulators

@@ -31,6 +31,7 @@ from ...compiler.kernels import Kernel, Reduce, children, depends_on, walk
 from ...compiler.online import online_plan
 
 GROUP = 64  # work-items per work-group of the default Grid and Rows forms
+PORTABLE_LOCAL_BYTES = 32768  # local memory every OpenCL device (full profile) has: the default Online form fits in it
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,9 @@ class Online:
         return self.rows * self.lanes
 
     def local_floats(self, head: int, dot: int) -> int:
-        """Floats of local memory: the block's query rows, keys, values, scores and weights."""
-        return self.rows * dot + self.keys * (dot + head) + 2 * self.rows * self.keys
+        """Floats of local memory: the block's query rows, keys, values, scores and weights, and
+        each work-item's partial max and sum."""
+        return self.rows * dot + self.keys * (dot + head) + 2 * self.rows * self.keys + 2 * self.group
 
     def describe(self) -> str:
         return (f"online softmax: work-groups of {self.rows} query rows x {self.lanes} work-items, "
@@ -131,8 +133,10 @@ def default_schedule(kernel: Kernel) -> Schedule:
     """The online form for a fused attention kernel, tiles for a reduction with row x column
     structure and more than a few rows, a work-group per row for kernels with row values, else an
     output element per work-item."""
-    if sum(isinstance(n, Reduce) for n in walk(kernel.value)) >= 3 and online_plan(kernel) is not None:  # (cheap test first)
-        return Online()
+    if sum(isinstance(n, Reduce) for n in walk(kernel.value)) >= 3:  # (cheap test first)
+        plan = online_plan(kernel)
+        if plan is not None and Online().local_floats(kernel.shape[-1].value, plan.dot.extent.value) * 4 <= PORTABLE_LOCAL_BYTES:
+            return Online()
     plan = plan_tiles(kernel)
     if plan is not None and plan.i is not None:
         rows = kernel.shape[-2]
