@@ -11,8 +11,10 @@ rows x keys scores exist at any time, in local memory, never S x S.
 
 Each lane keeps the max of its scores and the sum of its weights in local memory; the lanes of
 a row combine those of all lanes in the same order, so they agree bit for bit without a broadcast. A row whose every weight in the block
-is 0 (exp2 underflows; a causal mask's future keys) skips the value update. Barriers are outside
-every branch that could differ between work-items.
+is 0 (exp2 underflows) skips the value update, and a block masked for every row of the
+work-group (a causal mask's future keys) is skipped before its keys are staged. Barriers are outside
+every branch that could differ between work-items. (Math is spelled as ops.PRIMITIVES spells it,
+exp2f: each dialect's prelude maps those names.)
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
              f"    {d.local_array} float lm_p[{rows * keys}];",
              f"    {d.local_array} float lm_tops[{rows * lanes}];",  # each lane's max of its scores of the block
              f"    {d.local_array} float lm_sums[{rows * lanes}];",  # and sum of its weights
+             f"    {d.local_array} int lm_flag[1];",  # whether the whole block of keys can be skipped
              f"    const int lm_lane = (int){d.local_id.format(0)}, lm_r = (int){d.local_id.format(1)};",
              f"    const int lm_lid = lm_r * {lanes} + lm_lane;",
              f"    const {ix} lm_i0 = ({ix}){d.group_id.format(1)} * {rows};",
@@ -64,6 +67,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
               "    float lm_m = -INFINITY, lm_l = 0.0f;", f"    float lm_acc[{owned}];",
               f"    for (int lm_c = 0; lm_c < {owned}; lm_c++) lm_acc[lm_c] = 0.0f;",
               f"    for ({ix} lm_j0 = 0; lm_j0 < {N}; lm_j0 += {keys}) {{"]
+    lines += _skip_dead_blocks(plan, s, d, emit, j, N, c)
     # -- stage the block's keys and values
     # (keys transposed: the work-items of a row score adjacent keys, so they read adjacent words)
     lines += [f"        for (int lm_t = lm_lid; lm_t < {keys * K}; lm_t += {items}) {{",
@@ -94,12 +98,12 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
               "        if (lm_nan) lm_top = NAN;  /* max_reduce propagates NaN */",
               f"        const float lm_mnew = {vmax.format('lm_m', 'lm_top')};",
               "        const float lm_shift = lm_mnew == -INFINITY ? 0.0f : lm_mnew;  /* a row masked so far: weights 0 */",
-              f"        const int lm_live = exp2((lm_top - lm_shift) * {c}) != 0.0f || lm_top != lm_top;",
-              f"        const float lm_alpha = lm_m == lm_mnew ? 1.0f : exp2((lm_m - lm_shift) * {c});",
+              f"        const int lm_live = exp2f((lm_top - lm_shift) * {c}) != 0.0f || lm_top != lm_top;",
+              f"        const float lm_alpha = lm_m == lm_mnew ? 1.0f : exp2f((lm_m - lm_shift) * {c});",
               "        lm_m = lm_mnew;",
               "        float lm_part = 0.0f;",
               f"        for (int lm_jj = lm_lane; lm_jj < {keys}; lm_jj += {lanes}) {{",
-              f"            const float lm_w = exp2((lm_s[lm_r * {keys} + lm_jj] - lm_shift) * {c});",
+              f"            const float lm_w = exp2f((lm_s[lm_r * {keys} + lm_jj] - lm_shift) * {c});",
               f"            lm_p[lm_r * {keys} + lm_jj] = lm_w;", "            lm_part += lm_w;", "        }",
               f"        lm_sums[lm_r * {lanes} + lm_lane] = lm_part;",
               f"        {d.barrier}",
@@ -133,6 +137,31 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
     result = em.emit(kernel.value)
     store = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
     return lines + em.lines + [f"            {store} = {result};", "        }", "    }"]
+
+
+def _skip_dead_blocks(plan: OnlinePlan, s: Online, d: Dialect, emit, j: str, N: str, c: str) -> list[str]:
+    """Code at the top of a key block that skips it when it changes nothing for any row of the
+    work-group: the score is affine in the dot product with slope 0 on the whole block (every
+    position masked) and every weight would be 0 for rows that have seen a key (a causal
+    mask's future keys: half the blocks). Exact, as the CPU form's skip (backends/cpu/online.py),
+    for finite inputs. None when the score is not affine in the dot product."""
+    from ..cpu.online import slope  # (IR analysis the cpu target's online form wrote first)
+    rise = slope(plan.score, plan.dot)
+    if rise is None:
+        return []
+    at_zero_lines, at_zero = emit(plan.score, "                ", {plan.dot: "0.0f"})
+    rise_lines, rise_value = emit(rise, "                ")
+    return [f"        if (lm_lid == 0) lm_flag[0] = 1;", f"        {d.barrier}", "        {",
+            "            float lm_top0 = -INFINITY;", "            int lm_dotless = 1, lm_nan0 = 0;",
+            f"            for (int lm_jj = lm_lane; lm_jj < {s.keys}; lm_jj += {s.lanes}) {{",
+            f"                const {d.index} {j} = min(lm_j0 + lm_jj, ({d.index})({N}) - 1);"] + \
+        at_zero_lines + rise_lines + \
+        [f"                lm_dotless &= {rise_value} == 0.0f;", f"                lm_nan0 |= {at_zero} != {at_zero};",
+         f"                lm_top0 = lm_j0 + lm_jj < {N} && {at_zero} > lm_top0 ? {at_zero} : lm_top0;", "            }",
+         f"            if (!(lm_dotless && !lm_nan0 && lm_m != -INFINITY && exp2f((lm_top0 - lm_m) * {c}) == 0.0f)) lm_flag[0] = 0;",
+         "        }", f"        {d.barrier}", "        const int lm_skip = lm_flag[0];",
+         f"        {d.barrier}  /* (every work-item has read the flag before the next block sets it) */",
+         "        if (lm_skip) continue;"]
 
 
 def launch_online(kernel: Kernel, s: Online, value) -> tuple[tuple, tuple] | None:

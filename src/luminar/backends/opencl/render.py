@@ -383,8 +383,9 @@ class Call(NamedTuple):
 
 def render_program(program: KernelProgram, chosen: dict | None = None, dialect: Dialect = OPENCL) -> tuple[str, list[Call]]:
     """Every kernel as one source, and the calls in order. `chosen` maps a kernel's name to a
-    schedule or a list of them (one per shape bucket); missing kernels get the default rules.
-    Kernels equal up to the buffers they touch (canonical_form) share one function."""
+    schedule or a list of them (one per shape bucket); missing kernels get the default rules (and a
+    default Tiled kernel with a symbolic row count a Grid twin for few rows: see Call). Kernels
+    equal up to the buffers they touch (canonical_form) share one function."""
     chosen = chosen or {}
     parts, functions, calls = [dialect.prelude], {}, []
     for kernel in program.kernels:
