@@ -278,6 +278,28 @@ def test_search_fuses_attention_into_the_online_form_on_the_device(fuse, monkeyp
     np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)
 
 
+def test_fused_attention_with_a_symbolic_length_matches_torch_sdpa(fuse, monkeypatch):
+    """The online kernel with the sequence length a kernel argument (as a Llama's cache length):
+    one compile, right at lengths below, inside and above a block, against torch's causal
+    scaled_dot_product_attention."""
+    import math
+    import torch
+    from luminar.backends.opencl import space as space_module
+    monkeypatch.setattr(space_module, "ONLINE_FORMS", tuple(ONLINE[:1]))
+    fuse(True)
+    g = lm.Graph()
+    q, k, v = g.tensor("q", (2, "s", 64)), g.tensor("k", (2, "s", 64)), g.tensor("v", (2, "s", 64))
+    n = q.shape[1]
+    visible = g.arange(n).unsqueeze(1) >= g.arange(n).unsqueeze(0)
+    ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(64))).masked_fill(1.0 - visible, -1e30).softmax(-1).matmul(v).output("o")
+    program = g.compile("opencl", search=2, search_dims={"s": 64})
+    assert [f.chosen for f in program.fusions] == [True]
+    for length in (1, 17, 100):
+        arrays = attention_inputs(heads=2, rows=length, keys=length, dim=64, seed=length)
+        want = torch.nn.functional.scaled_dot_product_attention(*(torch.from_numpy(arrays[x]) for x in "qkv"), is_causal=True)
+        np.testing.assert_allclose(program(**arrays)["o"], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
 # -- the search on the device -------------------------------------------------------------------------
 def test_search_validates_and_times_candidates_on_the_device(tmp_path, monkeypatch):
     monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
