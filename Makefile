@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper bench-onnx setup clean loc
+.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper bench-onnx bench-opencl setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -47,6 +47,9 @@ bench-whisper: $(STAMP)
 bench-onnx: $(STAMP)
 	$(VPY) bench/onnx_nodes.py
 	$(VPY) bench/onnx.py
+
+bench-opencl: $(STAMP)
+	$(VPY) bench/opencl.py
 
 loc:
 	$(PY) ../shared/tools/loc.py --per-file

@@ -262,6 +262,21 @@ def test_every_online_form_matches_numpy_attention(shape):
     assert bench.validate(expected=want) == [True] * len(ONLINE)
 
 
+def test_a_nan_in_a_query_poisons_only_its_row_in_the_online_form():
+    """As the unfused kernels: the row's max and sum turn NaN, other rows (and the masked blocks
+    the form skips) are untouched."""
+    from pyopencl import enqueue_copy
+    shape = dict(heads=2, rows=40, keys=40, dim=32, mask="causal")
+    program, kernel = _fused_attention(**shape)
+    bench = Bench(program, kernel, ONLINE, {}, seed=4)
+    (b, q), = [(b, a) for b, a in bench.arrays.items() if program.buffers[b].name == "q"]
+    q.reshape(2, 40, 32)[1, 7, 3] = np.nan
+    enqueue_copy(bench.kernels.dev.queue, bench.kernels.buffers[b], q)
+    assert bench.validate() == [True] * len(ONLINE)  # (against the plain loop body, NaN where it is NaN)
+    out = bench.arrays[kernel.out].reshape(2, 40, 32)
+    assert np.isnan(out[1, 7]).all() and np.isfinite(np.delete(out.reshape(80, 32), 47, 0)).all()
+
+
 def test_search_fuses_attention_into_the_online_form_on_the_device(fuse, monkeypatch):
     """With the fusion forced (timings aside), the attention is one online kernel, right against
     the reference backend; the 0/1 mask input masks every key of the first row (softmax of equal
