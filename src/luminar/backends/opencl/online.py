@@ -10,11 +10,12 @@ block's weights times the values for the output columns it owns (every lanes-th)
 rows x keys scores exist at any time, in local memory, never S x S.
 
 Each lane keeps the max of its scores and the sum of its weights in local memory; the lanes of
-a row combine those of all lanes in the same order, so they agree bit for bit without a broadcast. A row whose every weight in the block
-is 0 (exp2 underflows) skips the value update, and a block masked for every row of the
-work-group (a causal mask's future keys) is skipped before its keys are staged. Barriers are outside
-every branch that could differ between work-items. (Math is spelled as ops.PRIMITIVES spells it,
-exp2f: each dialect's prelude maps those names.)
+a row combine those of all lanes in the same order, so they agree bit for bit without a
+broadcast. A row whose every weight in the block is 0 (exp2 underflows) skips the value update,
+and a block masked for every row of the work-group (a causal mask's future keys) is skipped
+before its keys are staged. Barriers are outside every branch that could differ between
+work-items. (Math is spelled as ops.PRIMITIVES spells it, exp2f: each dialect's prelude maps
+those names.)
 """
 from __future__ import annotations
 
@@ -151,7 +152,7 @@ def _skip_dead_blocks(plan: OnlinePlan, s: Online, d: Dialect, emit, j: str, N: 
         return []
     at_zero_lines, at_zero = emit(plan.score, "                ", {plan.dot: "0.0f"})
     rise_lines, rise_value = emit(rise, "                ")
-    return [f"        if (lm_lid == 0) lm_flag[0] = 1;", f"        {d.barrier}", "        {",
+    return ["        if (lm_lid == 0) lm_flag[0] = 1;", f"        {d.barrier}", "        {",
             "            float lm_top0 = -INFINITY;", "            int lm_dotless = 1, lm_nan0 = 0;",
             f"            for (int lm_jj = lm_lane; lm_jj < {s.keys}; lm_jj += {s.lanes}) {{",
             f"                const {d.index} {j} = min(lm_j0 + lm_jj, ({d.index})({N}) - 1);"] + \
