@@ -294,6 +294,26 @@ def test_load_passes_search_to_compile(tmp_path, monkeypatch):
     assert captured == {"search": 7.0}
 
 
+def test_load_takes_device_as_another_name_for_backend(tmp_path, monkeypatch):
+    import luminar.models
+    from luminar.errors import UnsupportedError
+    captured = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_model(config, weights, tokenizer, backend, progress, **options):
+        captured["backend"] = backend
+        raise Stop
+    monkeypatch.setattr(luminar.models, "LlamaModel", fake_model)
+    _small_model("llama").save_pretrained(tmp_path)
+    with pytest.raises(Stop):
+        luminar.models.load(tmp_path, device="opencl")
+    assert captured == {"backend": "opencl"}
+    with pytest.raises(UnsupportedError, match="disagree"):
+        luminar.models.load(tmp_path, backend="reference", device="opencl")
+
+
 def test_a_bad_model_file_exits_1_without_a_traceback(tmp_path, capsys):
     from luminar.cli import main
     (tmp_path / "x.gguf").write_bytes(b"junk")
