@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper bench-onnx gpu-check gpu-check-dry setup clean loc
+.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper bench-onnx gpu-check gpu-check-dry bench-opencl setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -47,6 +47,9 @@ bench-whisper: $(STAMP)
 bench-onnx: $(STAMP)
 	$(VPY) bench/onnx_nodes.py
 	$(VPY) bench/onnx.py
+
+bench-opencl: $(STAMP)
+	$(VPY) bench/opencl.py
 
 # On a GPU machine, with its own Python and torch (no venv: such a machine has no network): the cuda
 # tests, a bounded search and the GPU benchmarks in under 8 minutes -> bench/GPU.md. Wheels it lacks

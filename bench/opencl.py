@@ -12,8 +12,9 @@ interleaved in the same run) are quoted. Cases:
   steps staged in local memory) vs the searched schedule;
 - softmax over rows: the default (a work-group of 64 per row, row values reduced in local
   memory) vs the searched work-group size;
-- naive causal attention (softmax(q k^T / sqrt(d) + mask) v, 8 heads, head_dim 64): its kernels
-  with default schedules vs searched ones.
+- naive causal attention (softmax(q k^T / sqrt(d) + mask) v, 8 heads, head_dim 64): its three
+  kernels with default schedules vs the searched program, where the search times the online-softmax
+  (flash) GPU kernel against the three kernels and keeps it when faster.
 
 Each compile with search starts from an empty tuning cache. Every output is checked against
 numpy (float64) before it is timed; the load other tenants put on the CPUs is reported.
@@ -69,13 +70,28 @@ def attention_case(seq, heads=8, dim=64):
     return g, arrays, "o", (e / e.sum(-1, keepdims=True)) @ arrays["v"]
 
 
-def run_case(name, case, budget_s, tolerance):
+def compile_unfused(g, budget_s):
+    """The program searched with the fusion decision taken away (every region stays as stored
+    kernels): the peer that shows what the online-softmax kernel is worth against searched
+    schedules, where the search itself compares it with the default ones."""
+    from luminar.compiler import search
+    real = search.search_fusion
+    search.search_fusion = lambda target, lowering, program, opts: (program, [], {})
+    try:
+        return g.compile("opencl", search=budget_s)
+    finally:
+        search.search_fusion = real
+
+
+def run_case(name, case, budget_s, tolerance, unfused_peer=False):
     g, inputs, output, expected = case
     programs, compile_s = {}, {}
     for label, options in (("default", {}), ("searched", {"search": budget_s})):
         started = time.perf_counter()
         programs[label] = g.compile("opencl", **options)
         compile_s[label] = round(time.perf_counter() - started, 2)
+    if unfused_peer:
+        programs["searched, unfused"] = compile_unfused(g, budget_s)
     for label, program in programs.items():
         got = program(**inputs)[output]
         error = float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30))
@@ -89,10 +105,14 @@ def run_case(name, case, budget_s, tolerance):
     chosen = programs["searched"].explain().splitlines()  # (with the search's own kernel timings)
     print(f"{name}: default {times['default']['median_ms']:.2f} ms, searched {times['searched']['median_ms']:.2f} ms "
           f"({ratio:.2f}x)", flush=True)
-    return {"case": name, "default_ms": round(times["default"]["median_ms"], 3),
+    peer = {"searched_unfused_ms": round(times["searched, unfused"]["median_ms"], 3)} if unfused_peer else {}
+    return {"case": name, **peer, "default_ms": round(times["default"]["median_ms"], 3),
             "searched_ms": round(times["searched"]["median_ms"], 3), "speedup": round(ratio, 3),
             "compile_s": compile_s, "idle_fractions": {k: round(v, 2) for k, v in load.items()},
-            "default_schedules": programs["default"].explain().splitlines()[1:], "searched_explain": chosen}
+            "default_schedules": programs["default"].explain().splitlines()[1:], "searched_explain": chosen,
+            "fusions": [{"kernels": f.replaced, "chosen": f.chosen, "unfused_ms": round(f.unfused_s * 1e3, 3),
+                         "fused_ms": {c[0]: round(c[1] * 1e3, 3) for c in f.candidates if c[1] is not None}}
+                        for f in programs["searched"].fusions]}
 
 
 def write_report(results, device, quick):
@@ -109,6 +129,18 @@ def write_report(results, device, quick):
         idle = ", ".join(f"{v:.0%}" for v in r["idle_fractions"].values())
         lines.append(f"| {r['case']} | {r['default_ms']:.2f} | {r['searched_ms']:.2f} | {r['speedup']:.2f}x | "
                      f"{r['compile_s']['searched']} | {idle} |")
+    for r in results:
+        for f in r["fusions"]:
+            best = min(f["fused_ms"].items(), key=lambda kv: kv[1], default=None)
+            if best is not None:
+                lines += ["", f"{r['case']}: the search timed the unfused kernels ({' + '.join(f['kernels'])}) at "
+                          f"{f['unfused_ms']:.2f} ms and the fastest online-softmax (flash) kernel at {best[1]:.2f} ms "
+                          f"({f['unfused_ms'] / best[1]:.2f}x; {best[0]}): "
+                          + ("fused." if f["chosen"] else "kept unfused.")]
+        if "searched_unfused_ms" in r:
+            lines += ["", f"{r['case']}, end to end in the same interleaved rounds: default {r['default_ms']:.2f} ms, searched "
+                      f"with the fusion taken away {r['searched_unfused_ms']:.2f} ms, searched {r['searched_ms']:.2f} ms "
+                      f"({r['searched_unfused_ms'] / r['searched_ms']:.2f}x over the searched unfused kernels)."]
     lines += ["", "What the search chose and the kernel times it measured (`explain()` of the searched program;",
               "the whole-program times above also hold the host copies of inputs and outputs):", ""]
     for r in results:
@@ -129,7 +161,7 @@ def main(argv=None) -> int:
     cases = [(f"matmul {sizes['n']}x{sizes['n']}", lambda: matmul_case(sizes["n"]), 1e-4),
              (f"softmax {sizes['rows']}x{sizes['cols']}", lambda: softmax_case(sizes["rows"], sizes["cols"]), 1e-5),
              (f"naive causal attention, 8 heads x 64, seq {sizes['seq']}", lambda: attention_case(sizes["seq"]), 1e-4)]
-    results = [run_case(name, make(), args.budget, tol) for name, make, tol in cases]
+    results = [run_case(name, make(), args.budget, tol, unfused_peer="attention" in name) for name, make, tol in cases]
     write_report(results, dev.identity, args.quick)
     return 0
 

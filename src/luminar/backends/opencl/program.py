@@ -7,13 +7,22 @@ inputs to the device, enqueues every kernel in order on one in-order queue (symb
 kernel arguments: a new sequence length needs no rebuild), and copies the outputs back.
 
 Device-resident inputs: an input set with `set_inputs` (weights) is copied once and kept while
-it is the same array; the new value of a `Graph.update` input stays on the device (its output
-buffer becomes the input's), so a training step or a cache update does not copy it back in.
-Such an array, changed in place on the host, is not copied again: pass a new array instead.
+it is the same array. The new value of a `Graph.update` input stays on the device (its output
+buffer becomes the input's) and is not copied to the host at all until it is read through
+`state` (a training step moves only its loss and outputs). Such an array, changed in place on the
+host, is not copied again: pass a new array instead.
+
+Append-only inputs (`append_only(names)`: a KV cache): an input passed as a leading prefix of
+the same host array as before (`cache[:length]`) keeps its device copy, and only the bytes past
+what is already there are copied in; the rows copied before must not change on the host (a KV
+cache only appends). A new array, or a view at another offset, is copied whole. So a decode step
+copies the new token's keys, not the whole cache. `transfers` counts the bytes each way.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,8 +30,55 @@ from ...compiler import pipeline
 from ...compiler.memory import MemoryPlan, plan_memory
 from ...compiler.search import nearest_bucket
 from ...program import Program
+from ...errors import InputError
 from .device import DeviceError, device, opencl
 from .render import launch
+
+
+@dataclass
+class Transfers:
+    """Bytes copied between host and device by calls so far (weights included)."""
+    to_device: int = 0
+    to_host: int = 0
+
+
+@dataclass
+class Mirror:
+    """An append-only input's device copy: of `host` (the whole array the inputs are prefixes
+    of), its first `synced` bytes are on the device in `buffer` (of `capacity` bytes)."""
+    host: np.ndarray
+    buffer: object
+    capacity: int
+    synced: int
+
+
+def prefix_of(view: np.ndarray) -> np.ndarray | None:
+    """The C-contiguous array `view` is a leading prefix of (its base, starting at the same byte), or None."""
+    base = view.base
+    if not isinstance(base, np.ndarray) or not (view.flags.c_contiguous and base.flags.c_contiguous):
+        return None
+    if view.__array_interface__["data"][0] != base.__array_interface__["data"][0] or view.nbytes > base.nbytes:
+        return None
+    return base
+
+
+class DeviceState(Mapping):
+    """`OpenCLProgram.state`: each updated input's value, copied from the device when first read."""
+
+    def __init__(self, program: "OpenCLProgram"):
+        self.program = program
+        self.names = [name for name in program.graph.updates if name in program.fixed]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.names:
+            raise KeyError(name)
+        return self.program._synced(name)
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 class OpenCLProgram(Program):
@@ -50,6 +106,54 @@ class OpenCLProgram(Program):
         self._arena, self._arena_bytes = None, 0
         self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device buffer, bytes)
         self._outputs: dict[str, tuple] = {}  # output name -> (device buffer, bytes)
+        self._appended: set[str] = set()  # append-only inputs (see the module doc)
+        self._mirrors: dict[str, Mirror] = {}
+        self._stale: dict[str, np.ndarray] = {}  # updated input -> its host array, not yet copied from the device
+        self.transfers = Transfers()
+
+    def append_only(self, *names: str) -> "OpenCLProgram":
+        """Declare inputs that only grow at the end between calls (see the module doc). Returns self."""
+        unknown = sorted(set(names) - set(self.graph.inputs))
+        if unknown:
+            raise InputError(f"append_only: unknown input {unknown[0]!r}; the graph's inputs are {sorted(self.graph.inputs)}")
+        self._appended |= set(names)
+        return self
+
+    @property
+    def state(self) -> Mapping:
+        """The current values of the inputs the graph updates, by name; each copied from the
+        device when read (and kept until the next call changes it)."""
+        return DeviceState(self)
+
+    def _synced(self, name: str) -> np.ndarray:
+        """fixed[name], first copied from the device when a call left it there."""
+        host = self.fixed[name]
+        if self._stale.get(name) is host:
+            if host.nbytes:
+                opencl().enqueue_copy(self.device.queue, host, self._inputs[name][1])
+                self.transfers.to_host += host.nbytes
+            del self._stale[name]
+        return host
+
+    def _upload(self, name: str, host: np.ndarray, held: tuple | None):
+        """The device buffer holding input `name` = `host`, copying only what is not there yet."""
+        cl, queue = opencl(), self.device.queue
+        base = prefix_of(host) if name in self._appended else None
+        if base is not None:
+            mirror = self._mirrors.get(name)
+            if mirror is None or mirror.host is not base:
+                mirror = self._mirrors[name] = Mirror(base, *self._room(None, base.nbytes), synced=0)
+            if host.nbytes > mirror.synced:
+                cl.enqueue_copy(queue, mirror.buffer, host.reshape(-1).view(np.uint8)[mirror.synced:],
+                                dst_offset=mirror.synced, is_blocking=False)
+                self.transfers.to_device += host.nbytes - mirror.synced
+                mirror.synced = host.nbytes
+            return mirror.buffer, None
+        room = self._room(held, host.nbytes)
+        if host.nbytes:
+            cl.enqueue_copy(queue, room[0], host, is_blocking=False)
+            self.transfers.to_device += host.nbytes
+        return room[0], room
 
     def explain(self) -> str:
         """Text: each kernel's schedule and where it came from; with search, the candidates."""
@@ -79,12 +183,10 @@ class OpenCLProgram(Program):
             if resident and held is not None and held[0] is given:
                 where[buf] = (held[1], 0)
                 continue
-            host = np.ascontiguousarray(given)
-            room = self._room(held[1:] if held is not None else None, host.nbytes)
-            if host.nbytes:
-                cl.enqueue_copy(queue, room[0], host, is_blocking=False)
-            self._inputs[name] = (given if resident else None, *room)
-            where[buf] = (room[0], 0)
+            buffer, room = self._upload(name, np.ascontiguousarray(given), held[1:] if held is not None else None)
+            if room is not None:
+                self._inputs[name] = (given if resident else None, *room)
+            where[buf] = (buffer, 0)
         shapes = {name: tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]) for name in kp.outputs}
         for name, buf in kp.outputs.items():
             self._outputs[name] = self._room(self._outputs.get(name), 4 * math.prod(shapes[name]))
@@ -92,7 +194,7 @@ class OpenCLProgram(Program):
         dims = [np.int64(env[d]) for d in kp.dims]
         bucket = nearest_bucket(self.search, env)
         for call, functions in self._calls:
-            which = bucket if len(functions) > 1 else 0
+            which = call.pick(env, bucket)
             sizes = launch(call.kernel, call.schedules[which], env)
             if sizes is None:
                 continue
@@ -104,24 +206,26 @@ class OpenCLProgram(Program):
                 raise DeviceError(f"{self.device.device.name!r} refused to run kernel {call.kernel.name} "
                                   f"({call.schedules[which].describe()}, global {sizes[0]}, local {sizes[1]}): {e}") from None
         results = {}
+        resident = {output: name for name, output in self.graph.updates.items()
+                    if self.graph.inputs[name].dtype == "float32" and output in self._outputs}
         for name, buf in kp.outputs.items():
             results[name] = np.empty(shapes[name], np.float32)
-            if results[name].nbytes:
+            if results[name].nbytes and name not in resident:  # (new state is copied when read: see `state`)
                 cl.enqueue_copy(queue, results[name], where[buf][0], is_blocking=False)
+                self.transfers.to_host += results[name].nbytes
         queue.finish()
-        self._keep_state(results)
+        self._keep_state(results, resident)
         return results
 
-    def _keep_state(self, results) -> None:
+    def _keep_state(self, results, resident: dict) -> None:
         """The new value of each updated float32 input stays on the device as that input's buffer
-        (Program.run makes the returned array the next call's input); the old buffer takes the
-        next output."""
-        for name, output in self.graph.updates.items():
-            if self.graph.inputs[name].dtype != "float32" or output not in self._outputs:
-                continue
+        (Program.run makes the returned array, not yet filled, the next call's input); the old
+        buffer takes the next output."""
+        for output, name in resident.items():
             out_buf, out_bytes = self._outputs[output]
             old = self._inputs.get(name)
             self._inputs[name] = (results[output], out_buf, out_bytes)
+            self._stale[name] = results[output]
             if old is not None:
                 self._outputs[output] = (old[1], old[2])
             else:

@@ -14,6 +14,9 @@ A kernel's output is mapped onto a grid of work-groups of work-items:
            covers (wi*ri) x (wj*rj) outputs; with `local` the row and panel operands of `kt`
            reduction steps are staged in local memory by the whole work-group (barriers around),
            else each work-item computes its own.
+- `Online` an online-softmax (flash) attention kernel (compiler/online.py, rendered by
+           online.py): a work-group per block of `rows` query rows, `lanes` work-items per row,
+           keys and values staged `keys` at a time in local memory; the scores never leave it.
 
 Quantized weights need nothing special: the IR already spells dequantization with primitives,
 so it happens where the operand is read (once per staged element in `Tiled`).
@@ -24,9 +27,11 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from ...compiler.analysis import plan_tiles, row_values
-from ...compiler.kernels import Kernel, Reduce, children, depends_on
+from ...compiler.kernels import Kernel, Reduce, children, depends_on, walk
+from ...compiler.online import online_plan
 
 GROUP = 64  # work-items per work-group of the default Grid and Rows forms
+PORTABLE_LOCAL_BYTES = 32768  # local memory every OpenCL device (full profile) has: the default Online form fits in it
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,29 @@ class Tiled:
         return f"tiled: work-groups of {self.wi}x{self.wj}, {self.ri}x{self.rj} outputs per work-item{staged}"
 
 
-Schedule = Grid | Rows | Tiled
-KINDS = {cls.kind: cls for cls in (Grid, Rows, Tiled)}
+@dataclass(frozen=True)
+class Online:
+    kind: ClassVar[str] = "online"
+    rows: int = 16  # query rows per work-group
+    keys: int = 32  # keys (and values) staged in local memory at a time
+    lanes: int = 4  # work-items per query row: each scores every lanes-th key, owns every lanes-th output column
+
+    @property
+    def group(self) -> int:
+        return self.rows * self.lanes
+
+    def local_floats(self, head: int, dot: int) -> int:
+        """Floats of local memory: the block's query rows, keys, values, scores and weights, and
+        each work-item's partial max and sum."""
+        return self.rows * dot + self.keys * (dot + head) + 2 * self.rows * self.keys + 2 * self.group
+
+    def describe(self) -> str:
+        return (f"online softmax: work-groups of {self.rows} query rows x {self.lanes} work-items, "
+                f"{self.keys} keys staged in local memory at a time")
+
+
+Schedule = Grid | Rows | Tiled | Online
+KINDS = {cls.kind: cls for cls in (Grid, Rows, Tiled, Online)}
 
 
 def to_json(schedule: Schedule) -> dict:
@@ -104,8 +130,13 @@ def hoisted_rows(kernel: Kernel) -> list[Reduce]:
 
 
 def default_schedule(kernel: Kernel) -> Schedule:
-    """Tiles for a reduction with row x column structure and more than a few rows, a work-group
-    per row for kernels with row values, else an output element per work-item."""
+    """The online form for a fused attention kernel, tiles for a reduction with row x column
+    structure and more than a few rows, a work-group per row for kernels with row values, else an
+    output element per work-item."""
+    if sum(isinstance(n, Reduce) for n in walk(kernel.value)) >= 3:  # (cheap test first)
+        plan = online_plan(kernel)
+        if plan is not None and Online().local_floats(kernel.shape[-1].value, plan.dot.extent.value) * 4 <= PORTABLE_LOCAL_BYTES:
+            return Online()
     plan = plan_tiles(kernel)
     if plan is not None and plan.i is not None:
         rows = kernel.shape[-2]

@@ -25,12 +25,15 @@ from __future__ import annotations
 from ...compiler.analysis import plan_tiles, single_reduce, value_at, work
 from ...compiler.kernels import Apply, Kernel, KernelProgram, loads, numel, walk
 from ...compiler.search import PACK, Loop, Space
-from .schedules import Grid, Rows, Tiled, default_schedule, hoisted_rows
+from ...compiler.online import online_plan
+from .online import fits
+from .schedules import Grid, Online, Rows, Tiled, default_schedule, hoisted_rows
 
 FLAT_GROUPS = (32, 64, 128, 256)  # work-group sizes of the Grid and Rows forms
 TILE_GROUPS = {"i": (4, 8, 16), "j": (4, 8, 16, 32)}  # work-items along the rows and columns of a tile
 REGISTERS = (2, 4)  # outputs per work-item along a tile's dim
 STAGED = (8, 16, 32)  # reduction steps staged in local memory at a time
+ONLINE_FORMS = (Online(16, 32, 4), Online(16, 32, 8), Online(32, 32, 4), Online(8, 64, 8), Online(16, 64, 16))
 RANK = {"s": 0, "grid": 1, "item": 2, "block": 3, "pack": 4, "point": 5, "reg": 6}  # a nest's order, outer to inner
 
 
@@ -197,3 +200,15 @@ def estimate(program: KernelProgram, kernel: Kernel, schedule, env: dict, units:
         groups = value_at(numel(kernel.shape[:-1]), env)
     busy = min(units, groups) / units
     return max(steps * ops / RATE, (read + steps * 4) / BANDWIDTH) / max(busy, 1e-3) * (1 + schedule.local / 1024)
+
+
+def fused_schedules(kernel: Kernel, forms: list[str], max_group: int, local_bytes: int) -> tuple[list, list]:
+    """The online form's blocks (query rows, staged keys, work-items per row) that the device can
+    run, and a pruned row for each it cannot. The inlined form is not timed: its plain loops
+    compute the region's values once per output column (every weight once per column of V)."""
+    plan = online_plan(kernel) if "online" in forms else None
+    if plan is None:
+        return [], []
+    runnable = [s for s in ONLINE_FORMS if fits(kernel, plan, s, max_group, local_bytes)]
+    pruned = [[s.describe(), None, "pruned (work-group, local memory or head size)"] for s in ONLINE_FORMS if s not in runnable]
+    return runnable, pruned

@@ -43,10 +43,8 @@ class OpenCLTarget(Target):
         return space.estimate(program, kernel, schedule, env, device().device.max_compute_units)
 
     def fused_schedules(self, kernel, forms: list[str], env: dict) -> tuple[list, list]:
-        """No fused form yet: the online-softmax kernel is not written for GPUs, and the inlined
-        form's plain loops recompute the region per output column."""
-        return [], [[f"{form}: not implemented by the opencl target", None, "pruned (no GPU form yet)"]
-                    for form in forms]
+        dev = device()
+        return space.fused_schedules(kernel, forms, dev.max_group, dev.local_bytes)
 
     def build(self, program, chosen: dict) -> Built:
         source, calls = render_program(program, chosen)
