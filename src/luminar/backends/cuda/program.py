@@ -129,6 +129,10 @@ class CUDAProgram(OpenCLProgram):
         self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device address, bytes)
         self._outputs: dict[str, tuple] = {}  # output name -> (device address, bytes)
         self._pointers: list[int] = []  # every live device buffer
+        # (the opencl program's append-only inputs and state left on the device are not used here:
+        # every input is copied whole, every output, updated state included, copied back)
+        self._appended: set[str] = set()
+        self._stale: dict[str, np.ndarray] = {}
         self._replays: dict[tuple, Replay] = {}
         self._dims_buffer = self._allocate(8 * max(len(self.kernels.dims), 1))  # the call's dims, read by every kernel
         self._launch_cache: dict[tuple, list] = {}  # (bucket, dims rounded up, buffer addresses) -> launches
@@ -193,7 +197,11 @@ class CUDAProgram(OpenCLProgram):
             results[name] = np.empty(shapes[name], np.float32)
             dev.download(results[name], where[buf][0])
         dev.synchronize("the program's CUDA graph")
-        self._keep_state(results)
+        resident = {output: name for name, output in self.graph.updates.items()
+                    if self.graph.inputs[name].dtype == "float32" and output in self._outputs}
+        self._keep_state(results, resident)
+        for name in resident.values():  # (downloaded above with every output: the host copy is current)
+            self._stale.pop(name, None)
         return results
 
     def _launches(self, where: dict, env: dict) -> list:
@@ -208,7 +216,7 @@ class CUDAProgram(OpenCLProgram):
                 self._launch_cache.clear()
             out = []
             for call, functions in self._calls:
-                which = bucket if len(functions) > 1 else 0
+                which = call.pick(rounded, bucket)  # (the launch key holds the rounded dims: pick by them)
                 sizes = launch(call.kernel, call.schedules[which], rounded)
                 if sizes is not None:
                     out.append((functions[which], *sizes, Args([x for b in call.buffers for x in where[b]] + [self._dims_buffer])))
