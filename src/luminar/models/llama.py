@@ -487,7 +487,7 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
     """The prefill/decode graph described in the module docstring."""
     c = config
     g = Graph()
-    d, heads, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    kv, hd = c.num_key_value_heads, c.head_dim
     tokens = g.tensor("tokens", ("s",), "int32")
     s = tokens.dims[0]
     full, sliding = c.layers_of(FULL), c.layers_of(SLIDING)
@@ -516,6 +516,31 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
     if sliding and c.rope_theta_local is not None:
         rotations[True] = _angles(g.tensor("inv_freq_local", (hd // 2,)), positions)
 
+    def attend(layer, q, k, v):
+        k_past, v_past, visible = caches[layer]
+        keys = lm.cat([k_past, k], 0)  # (past + s, kv_heads, head_dim)
+        values = lm.cat([v_past, v], 0)
+        return _attention(q, keys, values, visible, c)
+
+    r = parse_dim("r")
+    decoder_stack(g, c, weights, tokens, lambda layer: rotations.get(layer in sliding, rotations[False]), attend,
+                  last_rows=lambda x: x.narrow(0, s - r, r))  # only the last r positions get logits
+    return g
+
+
+def decoder_stack(g: Graph, c: LlamaConfig, weights: Weights, tokens: GraphTensor,
+                  rotation: Callable[[int], tuple[GraphTensor, GraphTensor]],
+                  attend: Callable[[int, GraphTensor, GraphTensor, GraphTensor], GraphTensor],
+                  last_rows: Callable[[GraphTensor], GraphTensor] = lambda x: x) -> GraphTensor:
+    """The layers every Llama-family graph shares, over one row per token in `tokens`: embedding,
+    per layer norms, q/k/v (RoPE'd with `rotation(layer)` = (cos, sin) per row; k and v are the
+    outputs k{layer} / v{layer}), `attend(layer, q, k, v)` -> (rows, heads * head_dim), the MLP;
+    then the final norm and the logits output of `last_rows(x)`. The graphs differ only in where
+    the rows' positions and earlier keys come from (a single sequence's cache, or one cache slot
+    per row in the batched decode graph, models/batched.py)."""
+    d, heads, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    s = tokens.dims[0]
+
     def w(name, *shape):
         return weights(g, name, shape)
 
@@ -537,14 +562,11 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
         v = linear(h, p + "self_attn.v_proj", kv * hd, d, c.attention_bias).reshape(s, kv, hd)
         if c.qk_norm:
             q, k = norm(q, p + "self_attn.q_norm", hd), norm(k, p + "self_attn.k_norm", hd)
-        cos, sin = rotations.get(layer in sliding, rotations[False])
+        cos, sin = rotation(layer)
         q = _rope(q, cos, sin, c.rope_interleaved)
         k = _rope(k, cos, sin, c.rope_interleaved).output(f"k{layer}")
         v = v.output(f"v{layer}")
-        k_past, v_past, visible = caches[layer]
-        keys = lm.cat([k_past, k], 0)  # (past + s, kv_heads, head_dim)
-        values = lm.cat([v_past, v], 0)
-        attended = linear(_attention(q, keys, values, visible, c), p + "self_attn.o_proj", d, heads * hd, c.output_bias)
+        attended = linear(attend(layer, q, k, v), p + "self_attn.o_proj", d, heads * hd, c.output_bias)
         if c.sandwich_norms:
             x = x + norm(attended, p + "post_attention_layernorm")
             h = norm(x, p + "pre_feedforward_layernorm")
@@ -556,13 +578,11 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
         out = linear(_activation(gate, c.hidden_act) * up, p + "mlp.down_proj", d, c.intermediate_size, c.mlp_bias)
         x = x + (norm(out, p + "post_feedforward_layernorm") if c.sandwich_norms else out)
     x = norm(x, "model.norm")
-    r = parse_dim("r")
     head = "model.embed_tokens" if c.tie_word_embeddings else "lm_head"
-    logits = linear(x.narrow(0, s - r, r), head, c.vocab_size, d)  # only the last r positions
+    logits = linear(last_rows(x), head, c.vocab_size, d)
     if c.final_softcap:
         logits = _softcap(logits, c.final_softcap)
-    logits.output("logits")
-    return g
+    return logits.output("logits")
 
 
 def _angles(inv_freq: GraphTensor, positions: GraphTensor) -> tuple[GraphTensor, GraphTensor]:
