@@ -33,6 +33,10 @@ from ..tensor import GraphTensor
 from .llama import MASKED, LlamaConfig, Weights, _angles, _softcap, decoder_stack
 
 
+# The shapes the search times the batched graph at: 8 rows of a 16-column slot buffer, 128 positions.
+BATCH_SEARCH_DIMS = {"b": 8, "w": 16, "t": 128}
+
+
 def build_batched_graph(config: LlamaConfig, weights: Weights) -> Graph:
     """The batched decode graph described in the module docstring."""
     c = config

@@ -357,6 +357,14 @@ def rope_inv_freq(config: LlamaConfig, local: bool = False, factors: np.ndarray 
     return inv.astype(np.float32)
 
 
+def rope_inputs(config: LlamaConfig, weights: Weights, graph: Graph) -> dict[str, np.ndarray]:
+    """The RoPE frequency inputs `graph` declares (inv_freq, and inv_freq_local for Gemma 3's sliding layers)."""
+    rope = {"inv_freq": rope_inv_freq(config, factors=weights.rope_factors)}
+    if "inv_freq_local" in graph.inputs:
+        rope["inv_freq_local"] = rope_inv_freq(config, local=True)
+    return rope
+
+
 # -- weights ---------------------------------------------------------------------------------------
 # Hugging Face parameter names (the canonical names here) and their GGUF counterparts.
 _LAYER_GGUF = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -752,14 +760,25 @@ class LlamaModel:
         weights.check_all_used()
         say(f"built the graph ({len(graph.nodes):,} nodes) in {time.perf_counter() - started:.1f} s; "
             f"compiling for {backend}...")
+        self._compile(graph, {**weights.arrays, **rope_inputs(config, weights, graph)}, say, compile_options)
+
+    @classmethod
+    def from_graph(cls, config: LlamaConfig, graph: Graph, arrays: dict[str, np.ndarray], tokenizer=None,
+                   backend: str = "cpu", progress: Callable[[str], None] | None = None,
+                   **compile_options) -> LlamaModel:
+        """A model from a prefill/decode graph built before (an exported artifact's, see
+        luminar.serve.artifact) and its fixed inputs by name (weights as stored, RoPE frequencies)."""
+        model = cls.__new__(cls)
+        model.config, model.tokenizer, model.backend = config, tokenizer, backend
+        model._compile(graph, arrays, progress or (lambda message: None), compile_options)
+        return model
+
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], say, compile_options: dict):
         started = time.perf_counter()
-        if backend in ("cpu", "opencl"):  # with search on: a decode step and a prefill get their own schedules
+        if self.backend in ("cpu", "opencl"):  # with search on: a decode step and a prefill get their own schedules
             compile_options.setdefault("search_dims", {d: v for d, v in SEARCH_BUCKETS.items() if d in graph.dims()})
-        self.program = graph.compile(backend, **compile_options)
-        rope = {"inv_freq": rope_inv_freq(config, factors=weights.rope_factors)}
-        if "inv_freq_local" in graph.inputs:
-            rope["inv_freq_local"] = rope_inv_freq(config, local=True)
-        self.program.set_inputs(weights.arrays, **rope)
+        self.program = graph.compile(self.backend, **compile_options)
+        self.program.set_inputs(arrays)
         say(f"compiled in {time.perf_counter() - started:.1f} s")
         self.stats = GenerationStats()
 
