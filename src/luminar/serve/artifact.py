@@ -273,9 +273,20 @@ def _config(cls, model: dict, where: str):
     unknown = sorted(set(fields) - known)
     if unknown:
         raise WeightFileError(f"{where}: model config field {unknown[0]!r} is unknown to this luminar")
-    if fields.get("layer_types") is not None:
-        fields["layer_types"] = tuple(fields["layer_types"])
+    for f in dataclasses.fields(cls):  # the types the annotations name: a hostile config is refused here
+        if f.name not in fields:
+            continue
+        value, allowed = fields[f.name], _CONFIG_TYPES[f.type]
+        if isinstance(value, list) and tuple in allowed and all(isinstance(v, str) for v in value):
+            value = fields[f.name] = tuple(value)
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise WeightFileError(f"{where}: model config field {f.name} must be {f.type}, got {value!r}")
     return cls(**fields)
+
+
+_CONFIG_TYPES = {"int": (int,), "float": (float, int), "bool": (bool,), "str": (str,), "dict | None": (dict, type(None)),
+                 "float | None": (float, int, type(None)), "int | None": (int, type(None)),
+                 "tuple[str, ...] | None": (tuple, type(None))}
 
 
 def _tokenizer_from_json(data, where: str):
