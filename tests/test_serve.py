@@ -415,8 +415,10 @@ def test_embeddings_endpoint_equals_the_embedder(serve):
     from luminar.models.bert import load_embedder
     running = serve(embeddings=True)
     texts = ["A man is eating food.", "A man is eating a piece of bread."]
-    got = running.client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)
     expected = load_embedder().encode(texts)
-    assert np.array_equal(np.array([d.embedding for d in got.data], np.float32), expected)
+    decoded = running.client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)  # base64, decoded by the client
+    numbers = running.client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float")
+    for got in (decoded, numbers):
+        assert np.array_equal(np.array([d.embedding for d in got.data], np.float32), expected)
     status, body = running.post("/v1/embeddings", {"model": "all-MiniLM-L6-v2", "input": [1, 2]})
     assert status == 400 and body["error"]["param"] == "input"

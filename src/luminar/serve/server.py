@@ -16,6 +16,7 @@ a request past its timeout ends with 504 (or an error event when streaming).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import threading
@@ -380,11 +381,17 @@ class Server:
         if len(texts) > self.limits.max_embedding_inputs:
             raise APIError(400, f"'input' has {len(texts)} texts; the limit is {self.limits.max_embedding_inputs}",
                            param="input")
-        if body.get("encoding_format", "float") != "float":
-            raise APIError(400, "only encoding_format 'float' is supported", param="encoding_format")
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise APIError(400, "encoding_format must be 'float' or 'base64'", param="encoding_format")
         vectors, tokens = await asyncio.to_thread(self._embed, texts)
+
+        def encoded(vector):  # base64: the little-endian float32 bytes (what the openai client asks for)
+            if encoding == "base64":
+                return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+            return [float(x) for x in vector]
         return JSONResponse({"object": "list", "model": model,
-                             "data": [{"object": "embedding", "index": i, "embedding": [float(x) for x in vector]}
+                             "data": [{"object": "embedding", "index": i, "embedding": encoded(vector)}
                                       for i, vector in enumerate(vectors)],
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
