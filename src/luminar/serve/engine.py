@@ -173,18 +173,22 @@ class BatchingEngine:
                     return
                 admit = self.waiting.popleft() if self.waiting and len(self.rows) < self.max_batch else None
                 self.metrics.queue_depth.set(len(self.waiting))
-            try:
-                self._drop_finished()
-                if admit is not None:
+            # a failed graph call ends the requests it was for, never the engine or the server
+            self._drop_finished()
+            if admit is not None:
+                try:
                     self._prefill(admit)
-                if self.rows:
+                except Exception as e:
+                    if self.rows and self.rows[-1].request is admit:
+                        self.rows.pop()
+                    admit.deliver(Event(finish="error", message=f"prefill failed: {e}"))
+            if self.rows:
+                try:
                     self._decode_step()
-            except Exception as e:  # a failed graph call ends its requests, never the server
-                for row in self.rows:
-                    row.request.deliver(Event(finish="error", message=f"generation failed: {e}"))
-                self.rows.clear()
-                if admit is not None and not admit.cancelled:
-                    admit.deliver(Event(finish="error", message=f"generation failed: {e}"))
+                except Exception as e:
+                    for row in self.rows:
+                        row.request.deliver(Event(finish="error", message=f"decode failed: {e}"))
+                    self.rows.clear()
 
     def _drop_finished(self) -> None:
         now = time.perf_counter()
