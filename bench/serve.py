@@ -277,7 +277,7 @@ def report(r: dict) -> str:
         same = sum(t == alone[p] for p, t in batched)
         lines.append(f"{name}: {same} of {len(batched)} greedy completions under {c} clients equal the same "
                      f"prompt's completion with 1 client.")
-    lines += ["", f"Startup to ready: " + ", ".join(f"{name} {s:.1f} s" for name, s in r["ready_s"].items())
+    lines += ["", "Startup to ready: " + ", ".join(f"{name} {s:.1f} s" for name, s in r["ready_s"].items())
               + " (luminar: read the GGUF, build and compile both graphs).", "",
               "Per-round figures are in bench/serve.json. Reproduce: `make bench-serve` "
               "(= `python bench/serve.py`)."]

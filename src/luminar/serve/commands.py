@@ -111,9 +111,8 @@ def server_for(model, batched, name: str, max_batch: int = 8, context: int | Non
     options = {} if search is None else {"search": search}
     engine = BatchingEngine(model, batched, max_batch=max_batch,
                             context=context or min(model.config.max_position_embeddings, 4096), max_queue=max_queue)
-    loader = None
-    if embeddings:
-        def loader():
-            from ..models.bert import load_embedder
-            return load_embedder(**options)
-    return Server(engine, model.tokenizer, name, limits=limits, embedder_loader=loader)
+
+    def load_minilm():
+        from ..models.bert import load_embedder
+        return load_embedder(**options)
+    return Server(engine, model.tokenizer, name, limits=limits, embedder_loader=load_minilm if embeddings else None)

@@ -134,7 +134,8 @@ class _StopText:
 class _Generation:
     """One request in the engine, seen from the event loop: text pieces, then a finish reason."""
 
-    def __init__(self, server: Server, prompt: list[int], params: SamplingParams, max_tokens: int, stops: list[str]):
+    def __init__(self, server: Server, prompt: list[int], params: SamplingParams, max_tokens: int, stops: list[str],
+                 prompt_field: str):
         loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.server, self.prompt_tokens, self.completion_tokens = server, len(prompt), 0
@@ -158,9 +159,8 @@ class _Generation:
                            kind="rate_limit_error", headers={"Retry-After": str(retry)}) from None
         except EngineStopped as e:
             raise APIError(503, str(e), kind="server_error", code="shutting_down") from None
-        except LuminarError as e:
-            raise APIError(400, str(e), param="messages" if "prompt" in str(e) else "max_tokens",
-                           code="context_length_exceeded" if "context" in str(e) else "invalid_value") from None
+        except LuminarError as e:  # the engine's check: the prompt does not fit the context
+            raise APIError(400, str(e), param=prompt_field, code="context_length_exceeded") from None
 
     async def pieces(self) -> AsyncIterator[str]:
         """The generated text in pieces; finish_reason is set when it ends. Leaving early (a client
@@ -275,13 +275,14 @@ class Server:
                            param="model", code="model_not_found")
         return model
 
-    async def _generate(self, request, body: dict, prompt: list[int], chunk: Callable, whole: Callable):
+    async def _generate(self, request, body: dict, prompt: list[int], prompt_field: str, chunk: Callable,
+                        whole: Callable):
         params, max_tokens = _sampling(body)
         stream = _field(body, "stream", (bool,), False, None, "a boolean")
         stops = _stops(body)
         if max_tokens is None:
             max_tokens = min(self.limits.default_max_tokens, max(1, self.engine.context - len(prompt) - 1))
-        generation = _Generation(self, prompt, params, max_tokens, stops)
+        generation = _Generation(self, prompt, params, max_tokens, stops, prompt_field)
         ident, created = f"{uuid.uuid4().hex[:24]}", int(time.time())
         if stream:
             return self._stream(generation, ident, created, chunk)
@@ -341,7 +342,7 @@ class Server:
             return {"id": f"chatcmpl-{ident}", "object": "chat.completion", "created": created, "model": model,
                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                                  "finish_reason": finish}], "usage": usage}
-        return await self._generate(request, body, prompt, chunk, whole)
+        return await self._generate(request, body, prompt, "messages", chunk, whole)
 
     async def completions(self, request):
         body = await self._body(request)
@@ -365,7 +366,7 @@ class Server:
             return {"id": f"cmpl-{ident}", "object": "text_completion", "created": created, "model": model,
                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
                     "usage": usage}
-        return await self._generate(request, body, ids, chunk, whole)
+        return await self._generate(request, body, ids, "prompt", chunk, whole)
 
     async def embeddings(self, request):
         from starlette.responses import JSONResponse
