@@ -160,12 +160,19 @@ def write_artifact(bundle: ModelBundle, path) -> Path:
                 out.write(data + bytes(_padded(len(data)) - len(data)))
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(temporary.name, 0o666 & ~_umask())  # a temporary file is private; the artifact is not
         os.replace(temporary.name, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary.name)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _dtype_name(array: np.ndarray, name: str) -> str:
