@@ -21,11 +21,11 @@ pytest.importorskip("starlette")
 uvicorn = pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
-from luminar.errors import WeightFileError  # noqa: E402
+import luminar  # noqa: E402
+from luminar.errors import UnsupportedError, WeightFileError  # noqa: E402
 from luminar.models.batched import build_batched_graph  # noqa: E402
 from luminar.models.llama import LlamaConfig, Weights, build_graph, rope_inputs  # noqa: E402
-from luminar.serve.artifact import (FORMAT_VERSION, ModelBundle, load_artifact, read_artifact,  # noqa: E402
-                                    write_artifact)
+from luminar.serve.artifact import FORMAT_VERSION, ModelBundle, read_artifact, write_artifact  # noqa: E402
 from luminar.serve.commands import compile_for_serving, server_for  # noqa: E402
 from luminar.serve.server import Limits  # noqa: E402
 
@@ -174,6 +174,14 @@ def test_sampling_is_reproducible_with_a_seed_and_stops_at_a_stop_string(serve):
     assert full["choices"][0]["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 20
 
 
+def test_sliding_window_models_are_refused_by_name():
+    c = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=8, layer_types=("sliding", "full"), sliding_window=4,
+                    architecture="gemma3_text")
+    with pytest.raises(UnsupportedError, match="gemma3_text: continuous batching supports full-attention models"):
+        build_batched_graph(c, Weights.from_state_dict(random_state(c), c))
+
+
 # -- the openai client -----------------------------------------------------------------------------
 def test_openai_client_chat_streaming_and_not_agree(serve):
     running = serve()
@@ -315,7 +323,7 @@ def test_graceful_shutdown_finishes_the_request_in_flight(tiny):
 # -- artifacts ---------------------------------------------------------------------------------------
 def test_artifact_round_trip_gives_identical_logits(tiny_bundle, tiny, tmp_path):
     path = write_artifact(tiny_bundle, tmp_path / "tiny.luminar")
-    loaded = load_artifact(path)
+    loaded = luminar.load_artifact(path)
     ids = tiny_bundle.tokenizer.encode("The capital of France is")
     assert np.array_equal(loaded.logits(ids), tiny[0].logits(ids))
     assert loaded.generate("Once upon a time", max_new_tokens=8) == tiny[0].generate("Once upon a time",

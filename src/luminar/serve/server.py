@@ -241,6 +241,9 @@ class Server:
                 response = JSONResponse(e.body(), status_code=e.status, headers=e.headers)
             except LuminarError as e:
                 response = JSONResponse(APIError(400, str(e)).body(), status_code=400)
+            except Exception as e:  # a bug answers this request with a 500, and the server keeps serving
+                error = APIError(500, f"internal error: {type(e).__name__}: {e}", kind="server_error")
+                response = JSONResponse(error.body(), status_code=500)
             self.metrics.requests.inc(str(response.status_code))
             return response
         return endpoint
