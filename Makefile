@@ -45,7 +45,7 @@ bench-whisper: $(STAMP)
 	$(VPY) bench/whisper.py
 
 bench-serve: $(STAMP)
-	$(VPY) bench/serve.py
+	$(VPY) bench/serve.py --search 120
 
 bench-onnx: $(STAMP)
 	$(VPY) bench/onnx_nodes.py
