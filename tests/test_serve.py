@@ -389,6 +389,24 @@ def test_a_bad_artifact_is_refused_with_a_clear_error(tiny_bundle, tmp_path):
             read_artifact(path)
 
 
+def test_the_search_choices_travel_in_the_artifact(tiny_bundle, tmp_path, monkeypatch):
+    from luminar.graph import Graph
+    from luminar.serve.artifact import install_tuning, recording_tuning
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path / "exporter"))
+    g = Graph()
+    (g.tensor("x", ("s", 64)) @ g.tensor("w", (64, 64))).output("y")
+    with recording_tuning() as entries:
+        g.compile("cpu", search=2.0, search_dims={"s": 64})
+    assert entries, "the search consulted the tuning cache"
+    exported = ModelBundle(tiny_bundle.config, tiny_bundle.graphs, tiny_bundle.arrays, tiny_bundle.tokenizer, entries)
+    bundle = read_artifact(write_artifact(exported, tmp_path / "tuned.luminar"))
+    assert bundle.tuning == entries
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path / "loader"))  # another machine's (empty) cache
+    assert install_tuning(bundle.tuning) == len(entries)
+    assert sorted(p.stem for p in (tmp_path / "loader" / "tuning").glob("*.json")) == sorted(entries)
+    assert install_tuning(bundle.tuning) == 0  # entries already there are left alone
+
+
 def test_writing_an_artifact_is_atomic(tiny_bundle, tmp_path, monkeypatch):
     target = tmp_path / "model.luminar"
     target.write_bytes(b"the previous export")
