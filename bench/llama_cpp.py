@@ -1,12 +1,14 @@
-"""llama.cpp as a peer in luminar's benchmarks: built once from source, run as `llama-bench`.
+"""llama.cpp as a peer in luminar's benchmarks: built once from source, run as `llama-bench`
+(and `llama-server`, the serving peer of bench/serve.py).
 
     binary, why_not = llama_bench()        # the path, or None and the reason it cannot be had
     run_llama_bench(binary, "model.gguf", prompt=512, generate=128, threads=2)
     # {"prefill_tok_s": ..., "prefill_s": ..., "decode_tok_s": ...}
+    server, why_not = llama_server()       # the same build's OpenAI-compatible server
 
 The source is the llama.cpp that the llama-cpp-python sdist vendors (`pip download --no-deps
 --no-binary :all: llama-cpp-python==VERSION`), built natively with cmake (-DGGML_NATIVE=ON, no
-curl, no OpenSSL, no tests or examples; only the llama-bench target) under a cache directory
+curl, no OpenSSL, no tests or examples; only the llama-bench or llama-server target) under a cache directory
 outside the repository: $LUMINAR_PEERS, default ~/.cache/luminar-peers. A stamp file written
 after the build and a smoke run of the binary marks it usable, so a half-finished build is
 never used, and later runs start at once. The build takes minutes on two cores (run niced);
@@ -36,31 +38,40 @@ def source_dir() -> Path:
     return peers_dir() / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
 
 
-def _binary() -> Path:
-    return source_dir() / "build" / "bin" / "llama-bench"
+def _binary(target: str = "llama-bench") -> Path:
+    return source_dir() / "build" / "bin" / target
 
 
-def _stamp() -> Path:
-    return peers_dir() / f"llama-bench-{VERSION}.ok"
+def _stamp(target: str = "llama-bench") -> Path:
+    return peers_dir() / f"{target}-{VERSION}.ok"
 
 
 def llama_bench(build: bool = True, log=lambda message: None) -> tuple[Path | None, str]:
     """(path of a working llama-bench, "") or (None, why not). Builds it when `build` and needed."""
-    if _stamp().is_file() and _binary().is_file():
-        return _binary(), ""
+    return _tool("llama-bench", build, log)
+
+
+def llama_server(build: bool = True, log=lambda message: None) -> tuple[Path | None, str]:
+    """(path of a working llama-server, "") or (None, why not), as llama_bench."""
+    return _tool("llama-server", build, log)
+
+
+def _tool(target: str, build: bool, log) -> tuple[Path | None, str]:
+    if _stamp(target).is_file() and _binary(target).is_file():
+        return _binary(target), ""
     if not build:
-        return None, f"llama-bench is not built yet (build it by running without --no-build; it goes to {peers_dir()})"
+        return None, f"{target} is not built yet (build it by running without --no-build; it goes to {peers_dir()})"
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         return None, f"cannot build llama.cpp: {' and '.join(missing)} not found (apt-get install cmake g++)"
     try:
-        _build(log)
+        _build(log, target)
     except (OSError, subprocess.SubprocessError, RuntimeError, tarfile.TarError) as e:
         return None, f"cannot build llama.cpp {VERSION}: {e}"
-    return _binary(), ""
+    return _binary(target), ""
 
 
-def _build(log) -> None:
+def _build(log, target: str = "llama-bench") -> None:
     root = peers_dir()
     root.mkdir(parents=True, exist_ok=True)
     build_log = root / "build.log"
@@ -72,14 +83,14 @@ def _build(log) -> None:
                   f"llama-cpp-python=={VERSION}", "-d", str(root)], build_log, timeout=600)
         with tarfile.open(sdist) as archive:
             archive.extractall(root, filter="data")
-    log(f"building llama-bench (cmake, niced, -j2; minutes; log in {build_log})...")
+    log(f"building {target} (cmake, niced, -j2; minutes; log in {build_log})...")
     build = source_dir() / "build"
     _run(["nice", "-n", "10", "cmake", "-S", str(source_dir()), "-B", str(build), *CMAKE_OPTIONS], build_log, 600)
-    _run(["nice", "-n", "10", "cmake", "--build", str(build), "-j2", "--target", "llama-bench"], build_log, 3600)
-    _run([str(_binary()), "--help"], build_log, 60)  # it starts: its shared libraries resolve
-    temporary = _stamp().with_suffix(".tmp")
-    temporary.write_text(f"llama.cpp from llama-cpp-python {VERSION}: {_binary()}\n")
-    os.replace(temporary, _stamp())
+    _run(["nice", "-n", "10", "cmake", "--build", str(build), "-j2", "--target", target], build_log, 3600)
+    _run([str(_binary(target)), "--help"], build_log, 60)  # it starts: its shared libraries resolve
+    temporary = _stamp(target).with_suffix(".tmp")
+    temporary.write_text(f"llama.cpp from llama-cpp-python {VERSION}: {_binary(target)}\n")
+    os.replace(temporary, _stamp(target))
 
 
 def _run(command: list[str], log_file: Path, timeout: float) -> None:

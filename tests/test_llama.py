@@ -234,7 +234,8 @@ def test_corrupt_gguf_is_a_weight_file_error(tmp_path, content):
 
 # -- the CLI ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [[], ["chat", "--temperature", "-1", "hi"], ["chat", "--top-p", "2", "hi"],
-                                  ["generate"], ["chat", "--max-new-tokens", "many", "hi"], ["serve"]])
+                                  ["generate"], ["chat", "--max-new-tokens", "many", "hi"], ["frobnicate"],
+                                  ["serve", "--port", "70000"], ["export", "smollm2"]])
 def test_bad_command_lines_exit_2_with_usage(argv, capsys):
     from luminar.cli import main
     with pytest.raises(SystemExit) as exit_info:

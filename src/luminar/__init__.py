@@ -19,9 +19,10 @@ from .tensor import FUNCTIONS as _FUNCTIONS, GraphTensor
 
 globals().update(_FUNCTIONS)
 from . import nn, optim  # noqa: E402  (modules and optimizers build on the tensor library above)
+from .serve import load_artifact  # noqa: E402  (an exported model file; the import is lazy, see serve/artifact.py)
 
 __version__ = "0.1.0"
 __all__ = ["grad", "nn", "optim", "Graph", "GraphTensor", "Program", "PRIMITIVES", "Expr", "Var", "sym", "dtypes",
-           "float32", "float16", "bfloat16", "int8", "uint8", "int32",
+           "float32", "float16", "bfloat16", "int8", "uint8", "int32", "load_artifact",
            "LuminarError", "ShapeError", "DimensionError", "DTypeError", "InputError", "ValueDomainError",
            "UnsupportedError", "WeightFileError", *_FUNCTIONS]

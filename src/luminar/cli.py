@@ -20,7 +20,8 @@ from .backends import BACKENDS
 from .errors import LuminarError
 
 # modules (relative to this package) that add subcommands; see build_parser
-COMMAND_MODULES: list[str] = [".models.multimodal_cli", ".models.commands", ".onnx.commands", ".distributed.commands"]
+COMMAND_MODULES: list[str] = [".models.multimodal_cli", ".models.commands", ".onnx.commands", ".distributed.commands",
+                               ".serve.commands"]
 
 SEARCH_HELP = ("search each kernel's schedule by measurement (optionally a budget in seconds, "
                "default 30); results are cached, so only the first run pays")

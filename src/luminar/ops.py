@@ -72,8 +72,7 @@ SQRT = Primitive("sqrt", "unary", _f32(np.sqrt), "sqrtf({0})",
                  grad=lambda x, out, g: [g / (out * 2.0)])
 RECIP = Primitive("recip", "unary", _f32(np.reciprocal), "(1.0f / ({0}))",
                   grad=lambda x, out, g: [-(g * out * out)])
-ADD = Primitive("add", "binary", _f32(np.add), "({0} + {1})",
-                grad=lambda a, b, out, g: [g, g])
+ADD = Primitive("add", "binary", _f32(np.add), "({0} + {1})", grad=lambda a, b, out, g: [g, g])
 MUL = Primitive("mul", "binary", _f32(np.multiply), "({0} * {1})",
                 grad=lambda a, b, out, g: [g * b, g * a])
 MOD = Primitive("mod", "binary", _f32(np.fmod), "fmodf({0}, {1})", grad=_mod_grad)

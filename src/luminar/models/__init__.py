@@ -41,8 +41,8 @@ __all__ = ["load", "resolve", "MODEL_NAMES", "LlamaModel", "LlamaConfig", "KVCac
 
 def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None = None,
          search: bool | float | None = None, device: str | None = None, **compile_options) -> LlamaModel:
-    """Load and compile a model: `path` is a GGUF file, a Hugging Face directory or a name in
-    MODEL_NAMES; None means the default model (SmolLM2-135M-Instruct).
+    """Load and compile a model: `path` is a GGUF file, a Hugging Face directory, an artifact from
+    `luminar export` or a name in MODEL_NAMES; None means the default model (SmolLM2-135M-Instruct).
 
     `progress(message)` is called with a line of text at each stage (reading, building,
     compiling). `search` (cpu backend: False, True or a budget in seconds; None defers to
@@ -60,6 +60,9 @@ def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None
     path = resolve(path)
     if not os.path.exists(path):
         raise WeightFileError(f"{path}: no such file or directory")
+    from ..serve.artifact import is_artifact, load_artifact
+    if is_artifact(path):  # a file from `luminar export`: graphs, weights, tokenizer and tuning in one
+        return load_artifact(path, backend=backend, progress=progress, **compile_options)
     started = time.perf_counter()
     say(f"reading {path}")
     with _collector_relaxed():

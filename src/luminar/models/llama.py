@@ -357,6 +357,14 @@ def rope_inv_freq(config: LlamaConfig, local: bool = False, factors: np.ndarray 
     return inv.astype(np.float32)
 
 
+def rope_inputs(config: LlamaConfig, weights: Weights, graph: Graph) -> dict[str, np.ndarray]:
+    """The RoPE frequency inputs `graph` declares (inv_freq, and inv_freq_local for Gemma 3's sliding layers)."""
+    rope = {"inv_freq": rope_inv_freq(config, factors=weights.rope_factors)}
+    if "inv_freq_local" in graph.inputs:
+        rope["inv_freq_local"] = rope_inv_freq(config, local=True)
+    return rope
+
+
 # -- weights ---------------------------------------------------------------------------------------
 # Hugging Face parameter names (the canonical names here) and their GGUF counterparts.
 _LAYER_GGUF = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
@@ -487,7 +495,7 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
     """The prefill/decode graph described in the module docstring."""
     c = config
     g = Graph()
-    d, heads, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    kv, hd = c.num_key_value_heads, c.head_dim
     tokens = g.tensor("tokens", ("s",), "int32")
     s = tokens.dims[0]
     full, sliding = c.layers_of(FULL), c.layers_of(SLIDING)
@@ -516,6 +524,31 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
     if sliding and c.rope_theta_local is not None:
         rotations[True] = _angles(g.tensor("inv_freq_local", (hd // 2,)), positions)
 
+    def attend(layer, q, k, v):
+        k_past, v_past, visible = caches[layer]
+        keys = lm.cat([k_past, k], 0)  # (past + s, kv_heads, head_dim)
+        values = lm.cat([v_past, v], 0)
+        return _attention(q, keys, values, visible, c)
+
+    r = parse_dim("r")
+    decoder_stack(g, c, weights, tokens, lambda layer: rotations.get(layer in sliding, rotations[False]), attend,
+                  last_rows=lambda x: x.narrow(0, s - r, r))  # only the last r positions get logits
+    return g
+
+
+def decoder_stack(g: Graph, c: LlamaConfig, weights: Weights, tokens: GraphTensor,
+                  rotation: Callable[[int], tuple[GraphTensor, GraphTensor]],
+                  attend: Callable[[int, GraphTensor, GraphTensor, GraphTensor], GraphTensor],
+                  last_rows: Callable[[GraphTensor], GraphTensor] = lambda x: x) -> GraphTensor:
+    """The layers every Llama-family graph shares, over one row per token in `tokens`: embedding,
+    per layer norms, q/k/v (RoPE'd with `rotation(layer)` = (cos, sin) per row; k and v are the
+    outputs k{layer} / v{layer}), `attend(layer, q, k, v)` -> (rows, heads * head_dim), the MLP;
+    then the final norm and the logits output of `last_rows(x)`. The graphs differ only in where
+    the rows' positions and earlier keys come from (a single sequence's cache, or one cache slot
+    per row in the batched decode graph, models/batched.py)."""
+    d, heads, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    s = tokens.dims[0]
+
     def w(name, *shape):
         return weights(g, name, shape)
 
@@ -537,14 +570,11 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
         v = linear(h, p + "self_attn.v_proj", kv * hd, d, c.attention_bias).reshape(s, kv, hd)
         if c.qk_norm:
             q, k = norm(q, p + "self_attn.q_norm", hd), norm(k, p + "self_attn.k_norm", hd)
-        cos, sin = rotations.get(layer in sliding, rotations[False])
+        cos, sin = rotation(layer)
         q = _rope(q, cos, sin, c.rope_interleaved)
         k = _rope(k, cos, sin, c.rope_interleaved).output(f"k{layer}")
         v = v.output(f"v{layer}")
-        k_past, v_past, visible = caches[layer]
-        keys = lm.cat([k_past, k], 0)  # (past + s, kv_heads, head_dim)
-        values = lm.cat([v_past, v], 0)
-        attended = linear(_attention(q, keys, values, visible, c), p + "self_attn.o_proj", d, heads * hd, c.output_bias)
+        attended = linear(attend(layer, q, k, v), p + "self_attn.o_proj", d, heads * hd, c.output_bias)
         if c.sandwich_norms:
             x = x + norm(attended, p + "post_attention_layernorm")
             h = norm(x, p + "pre_feedforward_layernorm")
@@ -556,13 +586,11 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
         out = linear(_activation(gate, c.hidden_act) * up, p + "mlp.down_proj", d, c.intermediate_size, c.mlp_bias)
         x = x + (norm(out, p + "post_feedforward_layernorm") if c.sandwich_norms else out)
     x = norm(x, "model.norm")
-    r = parse_dim("r")
     head = "model.embed_tokens" if c.tie_word_embeddings else "lm_head"
-    logits = linear(x.narrow(0, s - r, r), head, c.vocab_size, d)  # only the last r positions
+    logits = linear(last_rows(x), head, c.vocab_size, d)
     if c.final_softcap:
         logits = _softcap(logits, c.final_softcap)
-    logits.output("logits")
-    return g
+    return logits.output("logits")
 
 
 def _angles(inv_freq: GraphTensor, positions: GraphTensor) -> tuple[GraphTensor, GraphTensor]:
@@ -732,14 +760,25 @@ class LlamaModel:
         weights.check_all_used()
         say(f"built the graph ({len(graph.nodes):,} nodes) in {time.perf_counter() - started:.1f} s; "
             f"compiling for {backend}...")
+        self._compile(graph, {**weights.arrays, **rope_inputs(config, weights, graph)}, say, compile_options)
+
+    @classmethod
+    def from_graph(cls, config: LlamaConfig, graph: Graph, arrays: dict[str, np.ndarray], tokenizer=None,
+                   backend: str = "cpu", progress: Callable[[str], None] | None = None,
+                   **compile_options) -> LlamaModel:
+        """A model from a prefill/decode graph built before (an exported artifact's, see
+        luminar.serve.artifact) and its fixed inputs by name (weights as stored, RoPE frequencies)."""
+        model = cls.__new__(cls)
+        model.config, model.tokenizer, model.backend = config, tokenizer, backend
+        model._compile(graph, arrays, progress or (lambda message: None), compile_options)
+        return model
+
+    def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], say, compile_options: dict):
         started = time.perf_counter()
-        if backend in ("cpu", "opencl"):  # with search on: a decode step and a prefill get their own schedules
+        if self.backend in ("cpu", "opencl"):  # with search on: a decode step and a prefill get their own schedules
             compile_options.setdefault("search_dims", {d: v for d, v in SEARCH_BUCKETS.items() if d in graph.dims()})
-        self.program = graph.compile(backend, **compile_options)
-        rope = {"inv_freq": rope_inv_freq(config, factors=weights.rope_factors)}
-        if "inv_freq_local" in graph.inputs:
-            rope["inv_freq_local"] = rope_inv_freq(config, local=True)
-        self.program.set_inputs(weights.arrays, **rope)
+        self.program = graph.compile(self.backend, **compile_options)
+        self.program.set_inputs(arrays)
         if hasattr(self.program, "append_only"):  # a device backend: the cache's rows already there stay there
             self.program.append_only(*(name for name in ("k_cache", "v_cache") if name in graph.inputs))
         say(f"compiled in {time.perf_counter() - started:.1f} s")
