@@ -109,3 +109,131 @@ def test_environment_matches_gymnasium_step_by_step(name):
         state = out["state"].copy()
     # the comparison saw both ways an episode ends (Pendulum never terminates)
     assert ended["truncated"] > 0 and (ended["terminated"] > 0 or name == "Pendulum-v1"), ended
+
+
+# -- the graph functions' own checks ----------------------------------------------------------------
+def test_step_refuses_actions_of_the_wrong_shape_or_batch():
+    env = rl.CartPole()
+    graph = lm.Graph()
+    state = graph.tensor("state", ("n", env.state_size))
+    with pytest.raises(lm.ShapeError, match=r"action must have shape \(n,\)"):
+        env.step(state, graph.tensor("action", ("n", 1)))
+    with pytest.raises(lm.ShapeError, match=r"one per environment of the state \(n, 6\)\), got \(m,\)"):
+        env.step(state, graph.tensor("other_batch", ("m",)))
+    with pytest.raises(lm.ShapeError, match=r"state must have shape \(N, 6\)"):
+        env.step(graph.tensor("physics_only", ("n", 4)), graph.tensor("a", ("n",)))
+    with pytest.raises(lm.ShapeError, match=r"action must have shape \(n, 1\)"):
+        rl.Pendulum().step(graph.tensor("pendulum_state", ("n", 4)), graph.tensor("torque", ("n",)))
+
+
+def test_reset_draws_gymnasium_initial_distributions_from_counters():
+    for name, (low, high) in {"CartPole-v1": ([-0.05] * 4, [0.05] * 4), "Acrobot-v1": ([-0.1] * 4, [0.1] * 4),
+                              "MountainCar-v0": ([-0.6, 0.0], [-0.4, 0.0]),
+                              "Pendulum-v1": ([-math.pi, -1.0], [math.pi, 1.0])}.items():
+        env = rl.make(name)
+        state = env.initial_state(2000, seed=7)
+        physics = state[:, :env.physics_size]
+        assert (physics >= np.float32(low)).all() and (physics <= np.float32(high)).all(), name
+        spread = np.asarray(high) - np.asarray(low)
+        # uniform: the mean sits mid-range, and each component fills its range
+        np.testing.assert_allclose(physics.mean(0), (np.asarray(low) + high) / 2, atol=0.03 * spread.max())
+        assert (physics.max(0) - physics.min(0) >= 0.98 * spread).all(), name
+        assert (state[:, env.physics_size] == 0).all() and (state[:, -1] == 7).all()
+        np.testing.assert_array_equal(env.initial_state(2000, seed=7), state)  # seeded: reproducible
+        assert not np.array_equal(env.initial_state(2000, seed=8)[:, :env.physics_size], physics)
+
+
+def test_initial_state_refuses_bad_arguments():
+    with pytest.raises(lm.ValueDomainError, match="num_envs must be an int >= 1"):
+        rl.CartPole().initial_state(0)
+    with pytest.raises(lm.ValueDomainError, match="seed must be an int"):
+        rl.CartPole().initial_state(4, seed=-1)
+    with pytest.raises(lm.UnsupportedError, match="no environment 'CartPole-v0'"):
+        rl.make("CartPole-v0")
+
+
+# -- the counter-based random numbers ---------------------------------------------------------------
+def draws(shape, seed, stream=0, kind="uniform"):
+    from luminar.rl import random as rl_random
+    graph = lm.Graph()
+    like = graph.tensor("like", shape)
+    getattr(rl_random, kind)(like, graph.constant(float(seed)), stream).output("u")
+    return graph.compile("cpu")(like=np.zeros(shape, np.float32))["u"]
+
+
+def test_random_numbers_are_uniform_independent_and_seeded():
+    u = draws((200_000,), seed=3)
+    assert 0 < u.min() and u.max() < 1
+    counts = np.histogram(u, bins=64, range=(0, 1))[0]
+    chi2 = ((counts - u.size / 64) ** 2 / (u.size / 64)).sum()
+    assert chi2 < 110, chi2  # 63 degrees of freedom: p ~ 2e-4
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.01  # neighbouring indices
+    other_seed, other_stream = draws((200_000,), seed=4), draws((200_000,), seed=3, stream=1)
+    assert abs(np.corrcoef(u, other_seed)[0, 1]) < 0.01 and abs(np.corrcoef(u, other_stream)[0, 1]) < 0.01
+    np.testing.assert_array_equal(draws((200_000,), seed=3), u)
+    z = draws((200_000,), seed=5, kind="normal")
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01 and abs((z ** 3).mean()) < 0.03
+
+
+def test_the_hash_is_a_permutation_of_its_block():
+    from luminar.rl import random as rl_random
+    graph = lm.Graph()
+    like = graph.tensor("like", (1 << 24,))
+    rl_random.random_integers(like, graph.constant(11.0)).output("v")
+    v = graph.compile("cpu")(like=np.zeros(1 << 24, np.float32))["v"].astype(np.int64)
+    assert np.bincount(v, minlength=1 << 24).max() == 1
+
+
+# -- VectorEnv: compiled, stepped from numpy, checked ------------------------------------------------
+def test_vector_env_steps_resets_and_keeps_its_state():
+    envs = rl.VectorEnv("CartPole-v1", num_envs=64, seed=0)
+    obs = envs.observations()
+    assert obs.shape == (64, 4) and np.array_equal(obs, envs.state[:, :4])
+    episodes, rng = 0, np.random.default_rng(0)
+    for _ in range(100):
+        obs, reward, terminated, truncated = envs.step(rng.integers(0, 2, 64))
+        assert obs.shape == (64, 4) and (reward == 1).all() and terminated.dtype == bool
+        episodes += terminated.sum()
+        # where an episode ended, the next observation is a fresh one: |components| < 0.05
+        assert (np.abs(envs.observations()[terminated]) < 0.05).all()
+    assert episodes > 64  # a random policy ends CartPole episodes in ~20 steps
+    envs.reset(num_envs=8, seed=3)  # another number of environments, same program
+    assert envs.observations().shape == (8, 4)
+
+
+def test_vector_env_refuses_bad_actions_and_states_and_changes_nothing():
+    envs = rl.VectorEnv("CartPole-v1", num_envs=4)
+    before = envs.state.copy()
+    with pytest.raises(lm.ShapeError, match=r"expected one discrete action per environment, shape \(4,\), got \(3,\)"):
+        envs.step([0, 1, 0])
+    with pytest.raises(lm.ShapeError, match=r"shape \(4,\), got \(4, 1\)"):
+        envs.step(np.zeros((4, 1)))
+    with pytest.raises(lm.ValueDomainError, match=r"action of environment 2 is 2.0; actions are integers in \[0, 2\)"):
+        envs.step([0, 1, 2, 0])
+    with pytest.raises(lm.ValueDomainError, match="action of environment 0 is 0.5"):
+        envs.step([0.5, 1, 1, 0])
+    with pytest.raises(lm.DTypeError, match="actions must be numbers"):
+        envs.step(["left"] * 4)
+    with pytest.raises(lm.ValueDomainError, match="state of environment 1 is not finite"):
+        envs.reset(state=np.where(np.arange(4)[:, None] == 1, np.nan, before))
+    with pytest.raises(lm.ShapeError, match=r"state must have shape \(N, 6\)"):
+        envs.reset(state=np.zeros((4, 4)))
+    np.testing.assert_array_equal(envs.state, before)
+    pendulum = rl.VectorEnv("Pendulum-v1", num_envs=2)
+    with pytest.raises(lm.ValueDomainError, match=r"action of environment 1 is \[2.5\]; actions lie in \[-2.0, 2.0\]"):
+        pendulum.step([[0.0], [2.5]])
+    with pytest.raises(lm.ShapeError, match=r"expected actions of shape \(2, 1\)"):
+        pendulum.step([0.0, 1.0])
+
+
+def test_vector_env_undoes_a_step_that_gives_a_non_finite_observation():
+    envs = rl.VectorEnv("CartPole-v1", num_envs=3)
+    state = envs.state.copy()
+    state[1, 3] = 3e38  # a finite pole velocity whose square overflows float32
+    envs.reset(state=state)
+    with pytest.raises(lm.ValueDomainError, match=r"non-finite observation .* of environment 1 \(of 1 such\); the step was undone"):
+        envs.step([0, 0, 0])
+    np.testing.assert_array_equal(envs.state, state)
+    state[1, 3] = np.inf
+    with pytest.raises(lm.ValueDomainError, match="the state of environment 1 is not finite"):
+        envs.reset(state=state)

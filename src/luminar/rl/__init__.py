@@ -10,19 +10,12 @@ from .cartpole import CartPole
 from .env import Env, StepResult, Transition
 from .mountain_car import MountainCar
 from .pendulum import Pendulum
+from .policy import Policy
+from .ppo import PPO, IterationStats, PPOConfig
+from .registry import ENVIRONMENTS, make
+from .rollout import Batch, Rollout
 from .spaces import Box, Discrete
-
-ENVIRONMENTS = {env.name: env for env in (CartPole, Acrobot, MountainCar, Pendulum)}
-
-
-def make(name: str) -> Env:
-    """The graph environment registered as `name` ("CartPole-v1", "Acrobot-v1", "MountainCar-v0",
-    "Pendulum-v1")."""
-    from ..errors import UnsupportedError
-    if name not in ENVIRONMENTS:
-        raise UnsupportedError(f"luminar.rl.make: no environment {name!r}; available: {sorted(ENVIRONMENTS)}")
-    return ENVIRONMENTS[name]()
-
+from .vector_env import VectorEnv
 
 __all__ = ["Env", "StepResult", "Transition", "CartPole", "Acrobot", "MountainCar", "Pendulum", "Box", "Discrete",
-           "ENVIRONMENTS", "make"]
+           "ENVIRONMENTS", "make", "VectorEnv", "Policy", "Rollout", "Batch", "PPO", "PPOConfig", "IterationStats"]

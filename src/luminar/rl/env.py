@@ -28,10 +28,10 @@ import numpy as np
 from ..errors import ShapeError, ValueDomainError
 from ..graph import Graph, show_shape
 from ..library.indexing import cat, stack
-from ..nn.dropout import SEED_LIMIT
+
 from ..symbolic import sym
 from ..tensor import GraphTensor
-from .random import uniform
+from .random import SEED_LIMIT, uniform
 from .spaces import ActionSpace, Discrete
 
 RESET_STREAM = 0  # rl.random stream of the reset draws (policies use other graphs' seeds)

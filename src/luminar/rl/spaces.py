@@ -31,7 +31,7 @@ class Discrete:
                              f"got {array.shape}")
         bad = np.flatnonzero(~np.isfinite(array) | (array != np.round(array)) | (array < 0) | (array >= self.n))
         if bad.size:
-            raise ValueDomainError(f"{where}: action of environment {bad[0]} is {array[bad[0]]!r}; "
+            raise ValueDomainError(f"{where}: action of environment {bad[0]} is {float(array[bad[0]])}; "
                                    f"actions are integers in [0, {self.n})")
         return array.astype(np.float32)
 
