@@ -237,3 +237,172 @@ def test_vector_env_undoes_a_step_that_gives_a_non_finite_observation():
     state[1, 3] = np.inf
     with pytest.raises(lm.ValueDomainError, match="the state of environment 1 is not finite"):
         envs.reset(state=state)
+
+
+# -- GAE, the policy's distributions, the PPO update: against numpy and torch ---------------------------
+def test_gae_in_the_graph_matches_the_backward_recurrence():
+    from luminar.rl.gae import gae_program
+    steps, n, gamma, lam = 24, 5, 0.97, 0.9
+    rng = np.random.default_rng(1)
+    reward, value = rng.normal(size=(steps, n)).astype(np.float32), rng.normal(size=(steps, n)).astype(np.float32)
+    done = (rng.random((steps, n)) < 0.15).astype(np.float32)
+    next_value = rng.normal(size=n).astype(np.float32)
+    out = gae_program(steps, n, gamma, lam, reward_scale=0.5)(reward=reward, value=value, done=done,
+                                                              next_value=next_value)
+    expected, last = np.zeros((steps, n)), np.zeros(n)
+    for t in reversed(range(steps)):  # CleanRL's loop, with done_t ending the episode at step t
+        following = next_value if t == steps - 1 else value[t + 1]
+        delta = 0.5 * reward[t] + gamma * following * (1 - done[t]) - value[t]
+        last = delta + gamma * lam * (1 - done[t]) * last
+        expected[t] = last
+    np.testing.assert_allclose(out["advantages"], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["returns"], expected + value, rtol=1e-5, atol=1e-5)
+
+
+def policy_outputs(policy: rl.Policy, params, obs, action):
+    graph = lm.Graph()
+    p = policy.declare(graph)
+    o = graph.tensor("obs", obs.shape)
+    a = graph.tensor("action", action.shape)
+    head = policy.actor(p, o)
+    policy.log_prob(p, head, a).output("log_prob")
+    policy.entropy(p, head).output("entropy")
+    policy.value(p, o).output("value")
+    return graph.compile("cpu")(obs=obs, action=action, **params)
+
+
+def torch_agent(policy: rl.Policy, params):
+    torch = pytest.importorskip("torch")
+
+    def mlp(net, x):
+        layers = len(policy.hidden) + 1
+        for k in range(layers):
+            x = x @ torch.tensor(params[f"{net}_{k}_weight"]) + torch.tensor(params[f"{net}_{k}_bias"])
+            x = torch.tanh(x) if k < layers - 1 else x
+        return x
+    return torch, mlp
+
+
+@pytest.mark.parametrize("name", ["CartPole-v1", "Pendulum-v1"])
+def test_policy_log_prob_entropy_and_value_match_torch(name):
+    env = rl.make(name)
+    policy = rl.Policy(env.observation_size, env.action_space)
+    params = policy.initial_params(seed=3)
+    rng = np.random.default_rng(0)
+    for key in params:  # move away from the initialisation (tiny actor outputs, zero biases)
+        params[key] = (params[key] + rng.normal(0, 0.3, params[key].shape)).astype(np.float32)
+    obs = rng.normal(size=(32, env.observation_size)).astype(np.float32)
+    action = random_actions(env, rng, 32)
+    out = policy_outputs(policy, params, obs, action)
+    torch, mlp = torch_agent(policy, params)
+    head = mlp("actor", torch.tensor(obs))
+    if policy.continuous:
+        dist = torch.distributions.Normal(head, torch.tensor(params["log_std"]).exp())
+        log_prob, entropy = dist.log_prob(torch.tensor(action)).sum(-1), dist.entropy().sum(-1)
+    else:
+        dist = torch.distributions.Categorical(logits=head)
+        log_prob, entropy = dist.log_prob(torch.tensor(action).long()), dist.entropy()
+    np.testing.assert_allclose(out["log_prob"], log_prob.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["entropy"], entropy.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["value"], mlp("critic", torch.tensor(obs))[:, 0].numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_initialisation_is_cleanrls_orthogonal_layout():
+    policy = rl.Policy(4, rl.Discrete(2))
+    params = policy.initial_params(seed=0)
+    w = params["actor_1_weight"]  # 64 x 64, gain sqrt(2): w^T w = 2 I
+    np.testing.assert_allclose(w.T @ w, 2 * np.eye(64), atol=1e-5)
+    assert abs(np.linalg.norm(params["actor_2_weight"], axis=0) - 0.01).max() < 1e-6
+    assert abs(np.linalg.norm(params["critic_2_weight"]) - 1.0) < 1e-6
+    assert not any(params[k].any() for k in params if k.endswith("_bias"))
+
+
+@pytest.fixture(scope="module")
+def small_ppo():
+    return rl.PPO("CartPole-v1", rl.PPOConfig(num_envs=4, steps=8, steps_per_call=2, minibatches=2, epochs=1))
+
+
+def test_ppo_update_matches_torch(small_ppo):
+    """One minibatch step of the compiled update (clipped objective, clipped value loss, entropy
+    bonus, gradient clipping, Adam) against the same step written in torch."""
+    torch = pytest.importorskip("torch")
+    ppo, c = small_ppo, small_ppo.config
+    start = {k: np.array(v) for k, v in ppo.params().items()}
+    saved = ppo.update.state_dict()
+    rng = np.random.default_rng(5)
+    m = c.minibatch_size
+    batch = {"obs": rng.normal(size=(m, 4)).astype(np.float32), "action": rng.integers(0, 2, m).astype(np.float32),
+             "old_logprob": np.log(rng.uniform(0.3, 0.7, m)).astype(np.float32),
+             "advantage": rng.normal(size=m).astype(np.float32), "returns": rng.normal(size=m).astype(np.float32),
+             "old_value": rng.normal(0, 0.1, m).astype(np.float32)}
+    loss = ppo.update.step(batch)
+    after = {k: np.array(v) for k, v in ppo.params().items()}
+    ppo.update.load_state_dict({k: np.array(v) for k, v in saved.items()})  # leave the fixture as it was
+
+    weights = {k: torch.tensor(v, requires_grad=True) for k, v in start.items()}
+    t = {k: torch.tensor(v) for k, v in batch.items()}
+
+    def mlp(net, x):
+        for k in range(3):
+            x = x @ weights[f"{net}_{k}_weight"] + weights[f"{net}_{k}_bias"]
+            x = torch.tanh(x) if k < 2 else x
+        return x
+    dist = torch.distributions.Categorical(logits=mlp("actor", t["obs"]))
+    ratio = (dist.log_prob(t["action"].long()) - t["old_logprob"]).exp()
+    adv = (t["advantage"] - t["advantage"].mean()) / (t["advantage"].std() + 1e-8)
+    pg = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 1 - c.clip_coef, 1 + c.clip_coef)).mean()
+    value = mlp("critic", t["obs"])[:, 0]
+    clipped = t["old_value"] + torch.clamp(value - t["old_value"], -c.clip_coef, c.clip_coef)
+    v_loss = 0.5 * torch.max((value - t["returns"]) ** 2, (clipped - t["returns"]) ** 2).mean()
+    torch_loss = pg - c.ent_coef * dist.entropy().mean() + c.vf_coef * v_loss
+    optimizer = torch.optim.Adam(list(weights.values()), lr=c.learning_rate, eps=1e-5)
+    torch_loss.backward()
+    torch.nn.utils.clip_grad_norm_(list(weights.values()), c.max_grad_norm)
+    optimizer.step()
+    assert abs(loss - torch_loss.item()) < 1e-5 * max(1, abs(loss))
+    for key, tensor in weights.items():
+        np.testing.assert_allclose(after[key], tensor.detach().numpy(), atol=2e-6, err_msg=key)
+    assert any(not np.array_equal(after[k], start[k]) for k in start)
+
+
+def test_rollout_records_what_the_policy_and_the_environments_did(small_ppo):
+    ppo = small_ppo
+    batch = ppo.rollout.collect(8)
+    assert batch.obs.shape == (8, 4, 4) and batch.action.shape == (8, 4) and batch.next_value.shape == (4,)
+    assert set(np.unique(batch.action)) <= {0.0, 1.0} and (batch.reward == 1).all()
+    out = policy_outputs(ppo.policy, ppo.params(), batch.obs.reshape(-1, 4), batch.action.reshape(-1))
+    np.testing.assert_allclose(batch.logprob.reshape(-1), out["log_prob"], atol=1e-5)
+    np.testing.assert_allclose(batch.value.reshape(-1), out["value"], atol=1e-5)
+    # within an episode the observation follows CartPole's dynamics from the last one and the action
+    program = compiled_step(ppo.env)
+    state = ppo.rollout.program.state["env_state"]
+    for t in range(7):
+        still = batch.done[t] == 0
+        padded = np.concatenate([batch.obs[t], np.zeros((4, 2), np.float32)], 1)
+        stepped = program(state=padded, action=batch.action[t])["obs"]
+        np.testing.assert_allclose(stepped[still], batch.obs[t + 1][still], atol=1e-6)
+    assert state.shape == (4, 6)
+
+
+def test_sampled_actions_follow_the_policys_probabilities():
+    env = rl.CartPole()
+    policy = rl.Policy(4, env.action_space)
+    params = policy.initial_params(seed=0)
+    params["actor_2_bias"] = np.array([0.0, np.log(3.0)], np.float32)  # P(action 1) ~ 0.75 everywhere
+    rollout = rl.Rollout(env, policy, num_envs=2000, steps_per_call=1, seed=4)
+    rollout.load_params(params)
+    batch = rollout.collect(1)
+    share = batch.action.mean()
+    assert abs(share - 0.75) < 0.03, share  # 2,000 draws: 3 standard deviations ~ 0.029
+    returns = rollout.evaluate(episodes=20, seed=1)  # the mode: always action 1, so episodes end fast
+    assert returns.shape == (20,) and (returns < 30).all()
+    assert rollout.program.state["env_state"].shape == (2000, 6)  # the training state is back
+
+
+def test_ppo_config_refuses_inconsistent_settings():
+    with pytest.raises(lm.ValueDomainError, match="steps \\(10\\) must be a multiple of steps_per_call \\(4\\)"):
+        rl.PPO("CartPole-v1", rl.PPOConfig(steps=10, steps_per_call=4))
+    with pytest.raises(lm.ValueDomainError, match="must split into 3 equal minibatches"):
+        rl.PPO("CartPole-v1", rl.PPOConfig(num_envs=4, steps=8, minibatches=3))
+    with pytest.raises(lm.ValueDomainError, match="num_envs must be an int >= 1"):
+        rl.PPO("CartPole-v1", rl.PPOConfig(num_envs=0))

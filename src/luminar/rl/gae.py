@@ -39,12 +39,13 @@ def gae(reward: GraphTensor, value: GraphTensor, done: GraphTensor, next_value: 
     return advantages, advantages + value
 
 
-def gae_program(steps: int, num_envs: int, gamma: float, lam: float, backend: str = "cpu", **options):
+def gae_program(steps: int, num_envs: int, gamma: float, lam: float, reward_scale: float = 1.0,
+                backend: str = "cpu", **options):
     """A compiled program: inputs reward, value, done (steps, num_envs) and next_value (num_envs,);
-    outputs advantages and returns."""
+    outputs advantages and returns (of the rewards times `reward_scale`)."""
     graph = Graph()
     reward, value, done = (graph.tensor(name, (steps, num_envs)) for name in ("reward", "value", "done"))
-    advantages, returns = gae(reward, value, done, graph.tensor("next_value", (num_envs,)), gamma, lam)
+    advantages, returns = gae(reward * reward_scale, value, done, graph.tensor("next_value", (num_envs,)), gamma, lam)
     advantages.output("advantages")
     returns.output("returns")
     return graph.compile(backend, **options)

@@ -52,6 +52,7 @@ class PPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     norm_adv: bool = True
+    reward_scale: float = 1.0        # rewards are multiplied by this before GAE (not in CleanRL's ppo.py)
     hidden: tuple[int, ...] = (64, 64)
     total_steps: int = 500_000       # sets the learning-rate annealing horizon
     seed: int = 1
@@ -108,7 +109,7 @@ class PPO:
         started = time.perf_counter()
         self.rollout = Rollout(self.env, self.policy, config.num_envs, config.steps_per_call, seed=config.seed,
                                backend=backend)
-        self.gae = gae_program(config.steps, config.num_envs, config.gamma, config.gae_lambda, backend)
+        self.gae = gae_program(config.steps, config.num_envs, config.gamma, config.gae_lambda, config.reward_scale, backend)
         self.update = self._update_step(self.policy.initial_params(config.seed))
         self.compile_seconds = time.perf_counter() - started
         self.rollout.load_params(self.update.params())
