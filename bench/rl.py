@@ -153,7 +153,7 @@ def solve_race() -> dict:
     started = time.perf_counter()
     ppo = rl.PPO("CartPole-v1", config)
     compile_s = time.perf_counter() - started
-    curve = {"steps": [], "train": [], "eval": []}
+    curve = {"steps": [], "train": [], "eval": [], "iteration_means": []}
     evaluation, seconds = cartpole.train(ppo, args, TARGET, curve)
     ours = {"evaluation": evaluation, "seconds": seconds, "steps": curve["steps"][-1], "compile_s": compile_s}
     print(f"luminar: {ours}", flush=True)

@@ -13,7 +13,8 @@ CleanRL.
 Training stops when the deterministic policy averages 475 over --eval-episodes (100) evaluation
 episodes, checked every --eval-every iterations once the mean training return (of the last 100
 episodes, sampled actions) reaches --eval-from, or after --iterations (and then evaluates). It saves the learning curve (training episode returns and the
-evaluations) to --out, and prints the evaluation return as its last line:
+evaluations) to --out, and prints the mean training return of the first and the last iteration (that ended episodes),
+then the evaluation return as its last line:
 
     evaluation return: 500.0 over 100 episodes (solved in 61.2 s, 163,840 steps)
 """
@@ -42,6 +43,7 @@ def train(ppo: rl.PPO, args, target: float, curve: dict) -> tuple[float, float]:
     evaluation, seconds = float("nan"), 0.0
     for stats in ppo.train(args.iterations):
         seconds = stats.seconds
+        curve["iteration_means"].append(stats.mean_return)
         recent = (recent + stats.episode_returns.tolist())[-100:]
         curve["steps"].append(stats.env_steps)
         curve["train"].append(float(np.mean(recent)) if recent else float("nan"))
@@ -77,7 +79,7 @@ def plot(curve: dict, path: str, title: str, target: float) -> None:
     plt.close(fig)
 
 
-def main(argv=None, env: str = ENV, defaults: dict | None = None, target: float = 475.0, make_config=config) -> float:
+def parse_args(argv=None, defaults: dict | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     d = {"iterations": 1000, "envs": 16, "steps": 32, "steps_per_call": 4, "out": "rl_cartpole.png",
          "eval_every": 10, "eval_from": 250.0, **(defaults or {})}
@@ -92,16 +94,28 @@ def main(argv=None, env: str = ENV, defaults: dict | None = None, target: float 
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", default=d["out"], help="learning-curve PNG")
     args = parser.parse_args(argv)
+    for name in ("iterations", "envs", "steps", "steps_per_call", "eval_episodes", "eval_every"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.steps % args.steps_per_call:
+        parser.error(f"--steps ({args.steps}) must be a multiple of --steps-per-call ({args.steps_per_call})")
+    return args
+
+
+def main(argv=None, env: str = ENV, defaults: dict | None = None, target: float = 475.0, make_config=config) -> float:
+    args = parse_args(argv, defaults)
     started = time.perf_counter()
     ppo = rl.PPO(env, make_config(args))
     print(f"compiled rollout, GAE and update programs in {ppo.compile_seconds:.1f} s", flush=True)
-    curve = {"steps": [], "train": [], "eval": []}
+    curve = {"steps": [], "train": [], "eval": [], "iteration_means": []}
     evaluation, seconds = train(ppo, args, target, curve)
     plot(curve, args.out, f"PPO on {env} (luminar.rl)", target)
     steps = curve["steps"][-1]
     total = time.perf_counter() - started
     verdict = f"solved in {seconds:.1f} s, {steps:,} steps" if evaluation >= target else \
         f"not solved after {seconds:.1f} s, {steps:,} steps"
+    means = [m for m in curve["iteration_means"] if not np.isnan(m)] or [float("nan")]
+    print(f"training return: {means[0]:.1f} in the first iteration, {means[-1]:.1f} in the last")
     print(f"wall-clock: {total:.1f} s including compiles; learning curve in {args.out}")
     print(f"evaluation return: {evaluation:.1f} over {args.eval_episodes} episodes ({verdict})")
     return evaluation
