@@ -24,11 +24,11 @@ import rl_cartpole  # noqa: E402  (the shared training loop, plot and command li
 def config(args) -> rl.PPOConfig:
     return rl.PPOConfig(num_envs=args.envs, steps=args.steps, steps_per_call=args.steps_per_call, seed=args.seed,
                         total_steps=args.iterations * args.envs * args.steps, gamma=0.9, gae_lambda=0.95,
-                        epochs=10, minibatches=8, learning_rate=1e-3, ent_coef=0.0, clip_value_loss=False,
+                        epochs=10, minibatches=64, learning_rate=1e-3, ent_coef=0.0, clip_value_loss=False,
                         reward_scale=0.1)
 
 
 if __name__ == "__main__":
     rl_cartpole.main(sys.argv[1:], env="Pendulum-v1", target=-200.0, make_config=config,
-                     defaults={"iterations": 150, "envs": 32, "steps": 64, "steps_per_call": 4,
-                               "out": "rl_pendulum.png", "eval_every": 5, "eval_from": -400.0})
+                     defaults={"iterations": 50, "envs": 16, "steps": 256, "steps_per_call": 4,
+                               "out": "rl_pendulum.png", "eval_every": 2, "eval_from": -400.0})

@@ -28,13 +28,12 @@ import numpy as np
 from ..errors import ShapeError, ValueDomainError
 from ..graph import Graph, show_shape
 from ..library.indexing import cat, stack
-
 from ..symbolic import sym
 from ..tensor import GraphTensor
 from .random import SEED_LIMIT, uniform
 from .spaces import ActionSpace, Discrete
 
-RESET_STREAM = 0  # rl.random stream of the reset draws (policies use other graphs' seeds)
+RESET_STREAM = 0  # rl.random stream of the reset draws; other draws in a graph with the environments use streams >= 1
 
 
 class Transition(NamedTuple):

@@ -22,7 +22,7 @@ from ..library.indexing import arange
 from ..library.reduce import argmax, cumsum, log_softmax, softmax
 from ..tensor import GraphTensor
 from .random import normal, uniform
-from .spaces import ActionSpace, Box, Discrete
+from .spaces import ActionSpace, Box
 
 LOG_2PI = math.log(2.0 * math.pi)
 

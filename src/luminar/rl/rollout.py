@@ -75,7 +75,8 @@ class Rollout:
             head = policy.actor(params, obs)
             value = policy.value(params, obs)
             mode = policy.mode(params, head)
-            action = mode + explore * (policy.sample(params, head, sampling_seed, k) - mode)
+            # stream k + 1: stream 0 is the environments' reset draws (env.RESET_STREAM)
+            action = mode + explore * (policy.sample(params, head, sampling_seed, k + 1) - mode)
             result = env.step(current, policy.env_action(action))
             done = 1.0 - (1.0 - result.terminated) * (1.0 - result.truncated)
             ret, length = ret + result.reward, length + 1.0
