@@ -126,6 +126,13 @@ def test_step_refuses_actions_of_the_wrong_shape_or_batch():
         rl.Pendulum().step(graph.tensor("pendulum_state", ("n", 4)), graph.tensor("torque", ("n",)))
 
 
+def test_a_compiled_step_refuses_states_and_actions_of_different_batches():
+    env = rl.MountainCar()
+    program = compiled_step(env)
+    with pytest.raises(lm.DimensionError, match=r"input 'state' axis 0: expected n = 3, got 4|input 'action' axis 0: expected n = 4, got 3"):
+        program(state=env.initial_state(4), action=np.zeros(3, np.float32))
+
+
 def test_reset_draws_gymnasium_initial_distributions_from_counters():
     for name, (low, high) in {"CartPole-v1": ([-0.05] * 4, [0.05] * 4), "Acrobot-v1": ([-0.1] * 4, [0.1] * 4),
                               "MountainCar-v0": ([-0.6, 0.0], [-0.4, 0.0]),
@@ -144,6 +151,8 @@ def test_reset_draws_gymnasium_initial_distributions_from_counters():
 
 
 def test_initial_state_refuses_bad_arguments():
+    with pytest.raises(lm.ValueDomainError, match=r"minibatches_per_call \(3\) must divide minibatches \(4\)"):
+        rl.PPO("CartPole-v1", rl.PPOConfig(minibatches_per_call=3))
     with pytest.raises(lm.ValueDomainError, match="num_envs must be an int >= 1"):
         rl.CartPole().initial_state(0)
     with pytest.raises(lm.ValueDomainError, match="seed must be an int"):
@@ -319,50 +328,66 @@ def test_initialisation_is_cleanrls_orthogonal_layout():
 
 @pytest.fixture(scope="module")
 def small_ppo():
-    return rl.PPO("CartPole-v1", rl.PPOConfig(num_envs=4, steps=8, steps_per_call=2, minibatches=2, epochs=1))
+    return rl.PPO("CartPole-v1", rl.PPOConfig(num_envs=4, steps=8, steps_per_call=2, minibatches=2,
+                                              minibatches_per_call=2, epochs=1))
 
 
-def test_ppo_update_matches_torch(small_ppo):
-    """One minibatch step of the compiled update (clipped objective, clipped value loss, entropy
-    bonus, gradient clipping, Adam) against the same step written in torch."""
+def torch_ppo_steps(ppo, start: dict, rows: dict, lr: float) -> tuple[list[float], dict]:
+    """CleanRL's minibatch steps in torch, one per minibatch of `rows`: the losses and the final
+    parameters."""
     torch = pytest.importorskip("torch")
-    ppo, c = small_ppo, small_ppo.config
-    start = {k: np.array(v) for k, v in ppo.params().items()}
-    saved = ppo.update.state_dict()
-    rng = np.random.default_rng(5)
-    m = c.minibatch_size
-    batch = {"obs": rng.normal(size=(m, 4)).astype(np.float32), "action": rng.integers(0, 2, m).astype(np.float32),
-             "old_logprob": np.log(rng.uniform(0.3, 0.7, m)).astype(np.float32),
-             "advantage": rng.normal(size=m).astype(np.float32), "returns": rng.normal(size=m).astype(np.float32),
-             "old_value": rng.normal(0, 0.1, m).astype(np.float32)}
-    loss = ppo.update.step(batch)
-    after = {k: np.array(v) for k, v in ppo.params().items()}
-    ppo.update.load_state_dict({k: np.array(v) for k, v in saved.items()})  # leave the fixture as it was
-
+    c = ppo.config
     weights = {k: torch.tensor(v, requires_grad=True) for k, v in start.items()}
-    t = {k: torch.tensor(v) for k, v in batch.items()}
+    optimizer = torch.optim.Adam(list(weights.values()), lr=lr, eps=1e-5)
 
     def mlp(net, x):
         for k in range(3):
             x = x @ weights[f"{net}_{k}_weight"] + weights[f"{net}_{k}_bias"]
             x = torch.tanh(x) if k < 2 else x
         return x
-    dist = torch.distributions.Categorical(logits=mlp("actor", t["obs"]))
-    ratio = (dist.log_prob(t["action"].long()) - t["old_logprob"]).exp()
-    adv = (t["advantage"] - t["advantage"].mean()) / (t["advantage"].std() + 1e-8)
-    pg = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 1 - c.clip_coef, 1 + c.clip_coef)).mean()
-    value = mlp("critic", t["obs"])[:, 0]
-    clipped = t["old_value"] + torch.clamp(value - t["old_value"], -c.clip_coef, c.clip_coef)
-    v_loss = 0.5 * torch.max((value - t["returns"]) ** 2, (clipped - t["returns"]) ** 2).mean()
-    torch_loss = pg - c.ent_coef * dist.entropy().mean() + c.vf_coef * v_loss
-    optimizer = torch.optim.Adam(list(weights.values()), lr=c.learning_rate, eps=1e-5)
-    torch_loss.backward()
-    torch.nn.utils.clip_grad_norm_(list(weights.values()), c.max_grad_norm)
-    optimizer.step()
-    assert abs(loss - torch_loss.item()) < 1e-5 * max(1, abs(loss))
-    for key, tensor in weights.items():
-        np.testing.assert_allclose(after[key], tensor.detach().numpy(), atol=2e-6, err_msg=key)
+    losses, m = [], c.minibatch_size
+    for k in range(len(rows["obs"]) // m):
+        t = {name: torch.tensor(array[k * m:(k + 1) * m]) for name, array in rows.items()}
+        dist = torch.distributions.Categorical(logits=mlp("actor", t["obs"]))
+        ratio = (dist.log_prob(t["action"].long()) - t["old_logprob"]).exp()
+        adv = (t["advantage"] - t["advantage"].mean()) / (t["advantage"].std() + 1e-8)
+        pg = torch.max(-adv * ratio, -adv * torch.clamp(ratio, 1 - c.clip_coef, 1 + c.clip_coef)).mean()
+        value = mlp("critic", t["obs"])[:, 0]
+        clipped = t["old_value"] + torch.clamp(value - t["old_value"], -c.clip_coef, c.clip_coef)
+        v_loss = 0.5 * torch.max((value - t["returns"]) ** 2, (clipped - t["returns"]) ** 2).mean()
+        loss = pg - c.ent_coef * dist.entropy().mean() + c.vf_coef * v_loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(weights.values()), c.max_grad_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().numpy() for k, v in weights.items()}
+
+
+def test_chained_ppo_updates_match_torch_step_by_step(small_ppo):
+    """One call of the update program = two minibatch steps (clipped objective, clipped value
+    loss, entropy bonus, gradient clipping, Adam), against the same two steps written in torch."""
+    ppo = small_ppo
+    program = ppo.update.program
+    saved = {name: np.array(value) for name, value in program.state.items()}
+    start = {k: np.array(v) for k, v in ppo.params().items()}
+    rng = np.random.default_rng(5)
+    n = ppo.update.rows
+    rows = {"obs": rng.normal(size=(n, 4)).astype(np.float32), "action": rng.integers(0, 2, n).astype(np.float32),
+            "old_logprob": np.log(rng.uniform(0.3, 0.7, n)).astype(np.float32),
+            "advantage": rng.normal(size=n).astype(np.float32), "returns": rng.normal(size=n).astype(np.float32),
+            "old_value": rng.normal(0, 0.1, n).astype(np.float32)}
+    losses = ppo.update.run(rows, lr=1e-3)
+    after = {k: np.array(v) for k, v in ppo.params().items()}
+    assert ppo.update.steps_taken == 2
+    program.set_inputs(saved)  # leave the fixture as it was
+    expected_losses, expected = torch_ppo_steps(ppo, start, rows, lr=1e-3)
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5, atol=1e-6)
+    for key in expected:
+        np.testing.assert_allclose(after[key], expected[key], atol=5e-6, err_msg=key)
     assert any(not np.array_equal(after[k], start[k]) for k in start)
+    with pytest.raises(lm.ShapeError, match=r"'obs' has 8 rows, expected 32 \(2 minibatches of 16\)"):
+        ppo.update.run({k: v[:8] for k, v in rows.items()}, lr=1e-3)
 
 
 def test_rollout_records_what_the_policy_and_the_environments_did(small_ppo):
@@ -404,5 +429,7 @@ def test_ppo_config_refuses_inconsistent_settings():
         rl.PPO("CartPole-v1", rl.PPOConfig(steps=10, steps_per_call=4))
     with pytest.raises(lm.ValueDomainError, match="must split into 3 equal minibatches"):
         rl.PPO("CartPole-v1", rl.PPOConfig(num_envs=4, steps=8, minibatches=3))
+    with pytest.raises(lm.ValueDomainError, match=r"minibatches_per_call \(3\) must divide minibatches \(4\)"):
+        rl.PPO("CartPole-v1", rl.PPOConfig(minibatches_per_call=3))
     with pytest.raises(lm.ValueDomainError, match="num_envs must be an int >= 1"):
         rl.PPO("CartPole-v1", rl.PPOConfig(num_envs=0))

@@ -4,11 +4,12 @@ One training iteration is:
   1. `steps / steps_per_call` calls of the rollout program (rollout.py): policy and
      environments together, environment states resident;
   2. one call of the GAE program (gae.py) over the whole rollout;
-  3. `epochs * minibatches` calls of the update program: a TrainStep (luminar.optim) computing
-     the clipped surrogate objective, the (clipped) value loss and the entropy bonus, their
-     gradients (luminar.grad), global-norm clipping and Adam, with parameters and Adam's moments
-     resident in it. The minibatches are rows of the rollout picked by a numpy permutation (the
-     only work outside the programs, besides logging).
+  3. `epochs * minibatches / minibatches_per_call` calls of the update program (update.py):
+     each chains `minibatches_per_call` minibatch steps of the clipped surrogate objective, the
+     (clipped) value loss and the entropy bonus, their gradients (luminar.grad), global-norm
+     clipping and Adam, with parameters and Adam's moments resident in it. The minibatches are
+     rows of the rollout in the order of a numpy permutation (the only work outside the
+     programs, besides logging).
 After the update the rollout program reads the new parameter arrays (the same arrays, no copy).
 
     ppo = PPO("CartPole-v1", PPOConfig(num_envs=8, steps=128))
@@ -24,14 +25,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ValueDomainError
-from ..graph import Graph
-from ..library.elementwise import clamp, maximum
-from ..optim import Adam, TrainStep
 from .registry import make
 from .env import Env
 from .gae import gae_program
 from .policy import Policy
 from .rollout import Batch, Rollout
+from .update import MinibatchUpdates
 
 
 @dataclass(frozen=True)
@@ -43,6 +42,7 @@ class PPOConfig:
     gamma: float = 0.99
     gae_lambda: float = 0.95
     minibatches: int = 4
+    minibatches_per_call: int = 4    # minibatch steps chained in one update call (not a CleanRL setting)
     epochs: int = 4
     learning_rate: float = 2.5e-4
     anneal_lr: bool = True
@@ -70,7 +70,8 @@ class PPOConfig:
         return max(self.total_steps // self.batch_size, 1)
 
     def check(self) -> None:
-        for name in ("num_envs", "steps", "steps_per_call", "minibatches", "epochs", "total_steps"):
+        for name in ("num_envs", "steps", "steps_per_call", "minibatches", "minibatches_per_call", "epochs",
+                     "total_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueDomainError(f"PPOConfig: {name} must be an int >= 1, got {value!r}")
@@ -80,6 +81,9 @@ class PPOConfig:
         if self.batch_size % self.minibatches:
             raise ValueDomainError(f"PPOConfig: num_envs * steps ({self.batch_size}) must split into "
                                    f"{self.minibatches} equal minibatches")
+        if self.minibatches % self.minibatches_per_call:
+            raise ValueDomainError(f"PPOConfig: minibatches_per_call ({self.minibatches_per_call}) must divide "
+                                   f"minibatches ({self.minibatches})")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueDomainError(f"PPOConfig: {name} must lie in [0, 1], got {getattr(self, name)!r}")
@@ -110,46 +114,12 @@ class PPO:
         self.rollout = Rollout(self.env, self.policy, config.num_envs, config.steps_per_call, seed=config.seed,
                                backend=backend)
         self.gae = gae_program(config.steps, config.num_envs, config.gamma, config.gae_lambda, config.reward_scale, backend)
-        self.update = self._update_step(self.policy.initial_params(config.seed))
+        self.update = MinibatchUpdates(self.policy, config, self.policy.initial_params(config.seed),
+                                       config.minibatches_per_call, backend)
         self.compile_seconds = time.perf_counter() - started
         self.rollout.load_params(self.update.params())
         self.iteration = 0
         self._shuffle = np.random.default_rng(config.seed)
-
-    # -- the update program ------------------------------------------------------------------------
-    def _update_step(self, initial: dict[str, np.ndarray]) -> TrainStep:
-        c, policy = self.config, self.policy
-        m = c.minibatch_size
-        graph = Graph()
-        params = policy.declare(graph)
-        obs = graph.tensor("obs", (m, policy.observation_size))
-        action = graph.tensor("action", (m, *policy.action_space.shape))
-        old_logprob, advantage, returns, old_value = (graph.tensor(name, (m,)) for name in
-                                                      ("old_logprob", "advantage", "returns", "old_value"))
-        head = policy.actor(params, obs)
-        ratio = (policy.log_prob(params, head, action) - old_logprob).exp()
-        if c.norm_adv:  # per minibatch, as CleanRL (torch's unbiased std)
-            centred = advantage - advantage.mean()
-            advantage = centred / ((centred * centred).sum() * (1.0 / (m - 1)) + 0.0).sqrt().add(1e-8)
-        policy_loss = maximum(-advantage * ratio, -advantage * clamp(ratio, 1 - c.clip_coef, 1 + c.clip_coef)).mean()
-        value = policy.value(params, obs)
-        if c.clip_value_loss:
-            clipped = old_value + clamp(value - old_value, -c.clip_coef, c.clip_coef)
-            value_loss = 0.5 * maximum((value - returns) ** 2, (clipped - returns) ** 2).mean()
-        else:
-            value_loss = 0.5 * ((value - returns) ** 2).mean()
-        entropy = policy.entropy(params, head).mean()
-        loss = policy_loss - c.ent_coef * entropy + c.vf_coef * value_loss
-        updates_per_iteration = c.epochs * c.minibatches
-
-        def learning_rate(step: int) -> float:  # CleanRL anneals linearly, once per iteration
-            if not c.anneal_lr:
-                return c.learning_rate
-            return c.learning_rate * max(1.0 - (step // updates_per_iteration) / c.iterations, 0.0)
-
-        return TrainStep(loss, params, Adam(lr=c.learning_rate, eps=1e-5), init=initial, schedule=learning_rate,
-                         max_grad_norm=c.max_grad_norm, backend=self.backend,
-                         outputs={"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy})
 
     # -- training ----------------------------------------------------------------------------------
     def train_iteration(self) -> tuple[Batch, list[float]]:
@@ -162,15 +132,24 @@ class PPO:
                 "action": batch.action.reshape(c.batch_size, *self.policy.action_space.shape),
                 "old_logprob": batch.logprob.reshape(-1), "advantage": out["advantages"].reshape(-1),
                 "returns": out["returns"].reshape(-1), "old_value": batch.value.reshape(-1)}
+        lr = self.learning_rate()
+        rows_per_call = c.minibatch_size * c.minibatches_per_call
         losses = []
         for _ in range(c.epochs):
             order = self._shuffle.permutation(c.batch_size)
-            for start in range(0, c.batch_size, c.minibatch_size):
-                rows = order[start:start + c.minibatch_size]
-                losses.append(self.update.step({name: array[rows] for name, array in flat.items()}))
+            for start in range(0, c.batch_size, rows_per_call):
+                rows = order[start:start + rows_per_call]
+                losses += self.update.run({name: array[rows] for name, array in flat.items()}, lr).tolist()
         self.rollout.load_params(self.update.params())
         self.iteration += 1
         return batch, losses
+
+    def learning_rate(self) -> float:
+        """This iteration's learning rate: CleanRL anneals it linearly to 0 over config.iterations."""
+        c = self.config
+        if not c.anneal_lr:
+            return c.learning_rate
+        return c.learning_rate * max(1.0 - self.iteration / c.iterations, 0.0)
 
     def train(self, iterations: int | None = None):
         """Yield IterationStats after each of `iterations` iterations (default: the config's
