@@ -5,11 +5,14 @@
 
 As examples/rl_cartpole.py, with a continuous action: the actor's output is the mean of a
 Gaussian with a learned, state-independent standard deviation; the sample, clipped to [-2, 2],
-is the torque. Hyperparameters follow rl-baselines3-zoo's Pendulum PPO (gamma 0.9, 10 epochs,
-learning rate 1e-3, no entropy bonus) with rewards scaled by 0.1 and an unclipped value loss.
-Stops when the deterministic policy averages >= -200 over --eval-episodes episodes; prints
+is the torque. Hyperparameters follow rl-baselines3-zoo's Pendulum PPO (16 environments x 256
+steps per iteration, minibatches of 64, 10 epochs, gamma 0.9, GAE lambda 0.95, learning rate
+1e-3 annealed over --iterations, no entropy bonus; no gSDE) with rewards scaled by 0.1 and an
+unclipped value loss. The deterministic policy is evaluated every 2 iterations once the mean
+training return reaches -400; training stops when it averages >= -200 over --eval-episodes
+episodes. The last line is, e.g.,
 
-    evaluation return: -160.3 over 100 episodes (solved in ...)
+    evaluation return: -190.8 over 100 episodes (solved in 163.6 s, 65,536 steps)
 """
 from __future__ import annotations
 
