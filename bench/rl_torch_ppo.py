@@ -26,6 +26,7 @@ def train_until_solved(config, env_id: str, target: float, max_iterations: int, 
 
     torch.set_num_threads(threads)
     torch.manual_seed(config.seed)
+    shuffle = np.random.default_rng(config.seed)  # the minibatch order
     c = config
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id) for _ in range(c.num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -81,7 +82,7 @@ def train_until_solved(config, env_id: str, target: float, max_iterations: int, 
         b_obs, b_actions, b_logprobs = obs_buf.reshape(-1, obs_size), actions.reshape(-1), logprobs.reshape(-1)
         b_adv, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
         for _ in range(c.epochs):
-            order = np.random.permutation(c.batch_size)
+            order = shuffle.permutation(c.batch_size)
             for start in range(0, c.batch_size, c.minibatch_size):
                 rows = order[start:start + c.minibatch_size]
                 dist = torch.distributions.Categorical(logits=actor(b_obs[rows]))
