@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo bench bench-llm bench-train bench-search bench-zoo bench-whisper bench-onnx gpu-check gpu-check-dry bench-opencl bench-serve setup clean loc
+.PHONY: test demo bench bench-llm bench-train bench-rl bench-search bench-zoo bench-whisper bench-onnx gpu-check gpu-check-dry bench-opencl bench-serve setup clean loc
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,9 @@ bench-llm: $(STAMP)
 
 bench-train: $(STAMP)
 	$(VPY) bench/train.py
+
+bench-rl: $(STAMP)
+	$(VPY) bench/rl.py
 
 bench-search: $(STAMP)
 	$(VPY) bench/search.py

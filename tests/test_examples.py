@@ -57,7 +57,39 @@ def test_train_charlm_plots_its_loss_and_prints_the_final_loss_last(tmp_path):
     assert any(line.startswith("sample:") for line in lines)
 
 
+def rl_example_result(lines: list[str], episodes: int) -> tuple[float, float, float]:
+    """(evaluation return, first-iteration and last-iteration mean training return) from the output
+    of examples/rl_*.py."""
+    match = re.fullmatch(rf"evaluation return: (-?\d+\.\d) over {episodes} episodes \((not )?solved .*\)", lines[-1])
+    assert match, f"unexpected last line {lines[-1]!r}"
+    training = re.fullmatch(r"training return: (-?\d+\.\d) in the first iteration, (-?\d+\.\d) in the last",
+                            lines[-3])
+    assert training, f"unexpected line {lines[-3]!r}"
+    return float(match[1]), float(training[1]), float(training[2])
+
+
+def test_rl_cartpole_learns_in_a_few_iterations_and_prints_the_evaluation_return_last(tmp_path):
+    png = tmp_path / "cartpole.png"
+    lines = run_example("rl_cartpole", "--iterations", "15", "--eval-episodes", "10", "--out", str(png), cwd=tmp_path)
+    evaluation, first, last = rl_example_result(lines, 10)
+    # 15 iterations (7,680 steps) of PPO: a random policy lasts ~22 steps, the trained one longer
+    assert last > first + 5 and evaluation > first, lines[-3:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rl_pendulum_learns_in_a_few_iterations_and_prints_the_evaluation_return_last(tmp_path):
+    png = tmp_path / "pendulum.png"
+    lines = run_example("rl_pendulum", "--iterations", "8", "--envs", "16", "--steps", "200", "--eval-episodes", "10",
+                        "--out", str(png), cwd=tmp_path)  # 200 steps: every iteration ends one episode per environment
+    evaluation, first, last = rl_example_result(lines, 10)
+    # returns lie in [-3254, 0] (cost <= 16.27 per step); a random policy averages about -1200
+    assert last > first and -1700 < evaluation < 0, lines[-3:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize("name, args, message", [
+    ("rl_cartpole", ["--iterations", "0"], "--iterations"),
+    ("rl_cartpole", ["--steps", "30"], "--steps-per-call"),
     ("train_digits", ["--models", "resnet"], "--models"),
     ("train_digits", ["--epochs", "0"], "--epochs"),
     ("train_charlm", ["--steps", "0"], "--steps"),
