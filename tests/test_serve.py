@@ -216,8 +216,13 @@ BAD_REQUESTS = [  # (what, body, expected status, the field named)
 def test_each_bad_input_gets_a_4xx_error_object_while_a_concurrent_request_completes(serve):
     running = serve(limits={"max_body_bytes": 64_000})
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        long = pool.submit(completion, running, "Once upon a time", 150)
-        time.sleep(0.2)
+        long = pool.submit(completion, running, "Once upon a time", 400)
+        # (the bad requests start once the long one is generating, not after a fixed sleep: on an
+        # idle machine the tiny model's 400 tokens take about a second, the bad requests far less)
+        deadline = time.monotonic() + 60
+        while "luminar_generated_tokens_total 0" in running.request("GET", "/metrics")[2].decode() \
+                and time.monotonic() < deadline:
+            time.sleep(0.005)
         for what, body, status, param in BAD_REQUESTS:
             got, headers, data = running.request("POST", "/v1/completions", body)
             error = json.loads(data)["error"]
@@ -229,7 +234,7 @@ def test_each_bad_input_gets_a_4xx_error_object_while_a_concurrent_request_compl
         assert chat_status == 400 and chat_error["error"]["param"] == "messages"
         assert not long.done(), "the long request should still be running while the bad ones were answered"
         result = long.result(timeout=120)
-    assert result["usage"]["completion_tokens"] == 150 and result["choices"][0]["finish_reason"] == "length"
+    assert result["usage"]["completion_tokens"] == 400 and result["choices"][0]["finish_reason"] == "length"
     status, _, _ = running.request("GET", "/health")
     assert status == 200
 
