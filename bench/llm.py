@@ -414,15 +414,16 @@ def render_peer(peer: dict, cfg: dict) -> str:
         f"One-thread CPU time per decode token (OMP_NUM_THREADS=1 in a child; llama-bench -t 1, the "
         f"CPU time of -n {4 + n} minus -n 4), three rounds each, medians: a ratio that other tenants "
         f"of a shared machine inflate less than wall time.", "",
-        table(["model", "weights per token MB", "luminar GB/s (fraction)", "llama.cpp GB/s (fraction)",
+        table(["model", "weights per token MB (luminar / GGUF file)", "luminar GB/s (fraction)", "llama.cpp GB/s (fraction)",
                "luminar CPU ms/token, 1 thread", "llama.cpp CPU ms/token, 1 thread", "CPU-time ratio"],
               [_cpu_row(label, m, peer["bandwidth_gbs"]) for label, m in peer["models"].items()]), ""])
 
 
 def _cpu_row(label: str, m: dict, bandwidth_gbs: float) -> list[str]:
-    cpu, mb = m["cpu_time"], m["cpu_time"]["weight_bytes"] / 1e6
-    rates = [mb / 1e3 * m["median"][side]["decode_tok_s"] for side in ("luminar", "llama.cpp")]
-    return [label, f"{mb:.0f}", *(f"{r:.1f} ({r / bandwidth_gbs:.0%})" for r in rates),
+    # luminar's stored weights (Q5_0 / Q4_K / Q6_K repacked at load: more bytes) and the GGUF's (llama.cpp's)
+    cpu, mb, file_mb = m["cpu_time"], m["cpu_time"]["weight_bytes"] / 1e6, os.path.getsize(m["path"]) / 1e6
+    rates = [size / 1e3 * m["median"][side]["decode_tok_s"] for size, side in ((mb, "luminar"), (file_mb, "llama.cpp"))]
+    return [label, f"{mb:.0f} / {file_mb:.0f}", *(f"{r:.1f} ({r / bandwidth_gbs:.0%})" for r in rates),
             f"{cpu['luminar_cpu_s_per_token'] * 1e3:.2f}", f"{cpu['llama_cpp_cpu_s_per_token'] * 1e3:.2f}",
             f"{cpu['llama_cpp_cpu_s_per_token'] / cpu['luminar_cpu_s_per_token']:.2f}×"]
 
