@@ -142,9 +142,11 @@ class Graph:
 
     # -- compiling -----------------------------------------------------------------------------
     def compile(self, backend: str = "reference", **options):
-        """Compile the graph's outputs for `backend` ("reference", "cpu" or "opencl"); returns a callable Program.
+        """Compile the graph's outputs for `backend` ("reference", "cpu", "opencl" or "cuda"); returns a
+        callable Program.
 
-        Options: `passes` (which generic passes run, see compiler.passes.optimize); for "cpu":
+        Options: `passes` (which generic passes run, see compiler.passes.optimize); for "cuda" also
+        `allow_tf32` (default False: matmuls stay exact float32); for "cpu" (and the GPU backends):
         `search` False (the default, unless the environment variable LUMINAR_SEARCH is 1 or a
         number of seconds), True or a time budget in seconds: pick each kernel's schedule by
         search (compiler/search.py), results cached on disk; `search_dims` {dim: int or [ints]},
