@@ -385,7 +385,10 @@ def test_a_bad_artifact_is_refused_with_a_clear_error(tiny_bundle, tmp_path):
                (lambda h: h["graphs"]["step"]["exprs"].__setitem__(0, ["eval", "os.system('x')"]), "unknown form"),
                (lambda h: h["tuning"].update({"../../etc/passwd": {}}), "tuning entry"),
                (lambda h: h["model"]["config"].update(hidden_size="64"), "hidden_size must be int"),
-               (lambda h: next(iter(h["tensors"].values())).update(offset=64 * 10**10), "truncated")]
+               (lambda h: next(iter(h["tensors"].values())).update(offset=64 * 10**10), "truncated"),
+               (lambda h: h.update(plugins=["x"]), "header field 'plugins' is unknown"),
+               (lambda h: h["tensors"].update(spare=dict(next(iter(h["tensors"].values())))),
+                "'spare' is an input of no graph")]
     for change, match in hostile:
         path = tmp_path / "hostile.luminar"
         path.write_bytes(good)

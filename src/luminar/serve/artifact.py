@@ -229,6 +229,9 @@ def read_artifact(path) -> ModelBundle:
         raise WeightFileError(f"{where}: corrupt: the header's checksum does not match")
     try:
         header = json.loads(text)
+        unknown = sorted(set(header) - _HEADER_FIELDS)
+        if unknown:
+            raise WeightFileError(f"{where}: header field {unknown[0]!r} is unknown to this luminar")
         data_start = _padded(_PREFIX.size + length)
         arrays = _tensors(raw, data_start, header["tensors"], where)
         config = _config(LlamaConfig, header["model"], where)
@@ -239,6 +242,9 @@ def read_artifact(path) -> ModelBundle:
             missing = sorted(n for n in g.inputs if n not in arrays and n not in _CALL_INPUTS)
             if missing:
                 raise WeightFileError(f"{where}: graph {name!r} input {missing[0]!r} has no stored tensor")
+        unused = sorted(set(arrays) - {n for g in graphs.values() for n in g.inputs})
+        if unused:  # (as a strict load_state_dict: a tensor no graph reads is refused, not dropped)
+            raise WeightFileError(f"{where}: stored tensor {unused[0]!r} is an input of no graph")
         tokenizer = _tokenizer_from_json(header["tokenizer"], where)
         tuning = _tuning(header.get("tuning") or {}, where)
     except LuminarError:
@@ -247,6 +253,8 @@ def read_artifact(path) -> ModelBundle:
         raise WeightFileError(f"{where}: malformed artifact header ({type(e).__name__}: {e})") from None
     return ModelBundle(config, graphs, arrays, tokenizer, tuning)
 
+
+_HEADER_FIELDS = {"format_version", "luminar", "model", "graphs", "tensors", "tokenizer", "tuning"}
 
 # inputs given at each call, not stored: the new tokens and the KV caches of both graphs
 _CALL_INPUTS = {"tokens", "k_cache", "v_cache", "k_local", "v_local", "seen", "k_slots", "v_slots"}
