@@ -151,6 +151,14 @@ class CUDAProgram(OpenCLProgram):
         self._pointers.remove(ptr)
         self.device.free(ptr)
 
+    def _upload(self, name: str, host: np.ndarray, held: tuple | None):
+        """The device buffer holding input `name` = `host`, copied whole (in stream order; the host
+        copy is kept until the call synchronizes)."""
+        room = self._room(held, host.nbytes)
+        self.device.upload(room[0], host)
+        self._staged.append(host)
+        return room[0], room
+
     def _room(self, held: tuple | None, nbytes: int) -> tuple:
         """(device address, its bytes): `held`'s when it is large enough, else a new buffer of the
         next power of two (an input growing by a token a call, a KV cache, moves rarely, and with
@@ -171,32 +179,22 @@ class CUDAProgram(OpenCLProgram):
             self._arena, self._arena_bytes = self._room((self._arena, self._arena_bytes) if self._arena else None,
                                                         plan.arena_bytes)
         where = {b: (self._arena, offset // 4) for b, offset in plan.offsets.items()}
-        staged = []  # host copies alive until the stream has read them
-        for name, buf in kp.inputs.items():
-            given, held = arrays[name], self._inputs.get(name)
-            resident = given is self.fixed.get(name)  # a weight or state: kept while it is the same array
-            if resident and held is not None and held[0] is given:
-                where[buf] = (held[1], 0)
-                continue
-            host = np.ascontiguousarray(given)
-            room = self._room(held[1:] if held is not None else None, host.nbytes)
-            dev.upload(room[0], host)
-            staged.append(host)
-            self._inputs[name] = (given if resident else None, *room)
-            where[buf] = (room[0], 0)
+        self._staged = []  # host copies alive until the stream has read them
+        self._place_inputs(arrays, where)
         shapes = {name: tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]) for name in kp.outputs}
         for name, buf in kp.outputs.items():
             self._outputs[name] = self._room(self._outputs.get(name), 4 * math.prod(shapes[name]))
             where[buf] = (self._outputs[name][0], 0)
         dims = np.array([env[d] for d in kp.dims] or [0], np.int64)
         dev.upload(self._dims_buffer, dims)  # (in stream order: before the replay reads them)
-        staged.append(dims)
+        self._staged.append(dims)
         self._replay(self._launches(where, env))
         results = {}
         for name, buf in kp.outputs.items():
             results[name] = np.empty(shapes[name], np.float32)
             dev.download(results[name], where[buf][0])
         dev.synchronize("the program's CUDA graph")
+        self._staged = []
         resident = {output: name for name, output in self.graph.updates.items()
                     if self.graph.inputs[name].dtype == "float32" and output in self._outputs}
         self._keep_state(results, resident)

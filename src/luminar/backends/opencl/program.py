@@ -171,13 +171,10 @@ class OpenCLProgram(Program):
         """(device buffer, its bytes): `held`'s when it is large enough, else a new one."""
         return held if held is not None and held[1] >= nbytes else (self.device.allocate(nbytes), nbytes)
 
-    def execute(self, arrays, env):
-        cl, queue, kp = opencl(), self.device.queue, self.kernels
-        plan = self.memory_plan(env)
-        if self._arena is None or self._arena_bytes < plan.arena_bytes:
-            self._arena, self._arena_bytes = self.device.allocate(plan.arena_bytes), plan.arena_bytes
-        where = {b: (self._arena, offset // 4) for b, offset in plan.offsets.items()}
-        for name, buf in kp.inputs.items():
+    def _place_inputs(self, arrays: dict, where: dict) -> None:
+        """Each input's device buffer into `where` (buffer -> (device buffer, offset)): a weight or
+        state stays while it is the same array; anything else goes through `_upload`."""
+        for name, buf in self.kernels.inputs.items():
             given, held = arrays[name], self._inputs.get(name)
             resident = given is self.fixed.get(name)  # a weight or state: kept while it is the same array
             if resident and held is not None and held[0] is given:
@@ -187,6 +184,14 @@ class OpenCLProgram(Program):
             if room is not None:
                 self._inputs[name] = (given if resident else None, *room)
             where[buf] = (buffer, 0)
+
+    def execute(self, arrays, env):
+        cl, queue, kp = opencl(), self.device.queue, self.kernels
+        plan = self.memory_plan(env)
+        if self._arena is None or self._arena_bytes < plan.arena_bytes:
+            self._arena, self._arena_bytes = self.device.allocate(plan.arena_bytes), plan.arena_bytes
+        where = {b: (self._arena, offset // 4) for b, offset in plan.offsets.items()}
+        self._place_inputs(arrays, where)
         shapes = {name: tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]) for name in kp.outputs}
         for name, buf in kp.outputs.items():
             self._outputs[name] = self._room(self._outputs.get(name), 4 * math.prod(shapes[name]))
