@@ -137,3 +137,30 @@ def absorbed_by(lowering, node_id: int) -> int | None:
             return None
         node_id = users[0][0].id
     return node_id
+
+
+def slope(e, target):
+    """d e / d target when `e` is affine in `target` (which occurs once, under adds and products
+    with target-free operands), as an IR expression free of target; else None."""
+    if e == target:
+        return Const(1.0)
+    if not (isinstance(e, Apply) and e.op in ("add", "mul")):
+        return None
+    holders = [k for k, a in enumerate(e.args) if target in set(walk(a))]
+    if len(holders) != 1:
+        return None
+    inner = slope(e.args[holders[0]], target)
+    return inner if inner is None or e.op == "add" else Apply("mul", (inner, e.args[1 - holders[0]]))
+
+
+def accumulated(kernel: Kernel, plan: OnlinePlan, j: str, row_sum: str, row_max: str) -> dict:
+    """The kernel's reductions an online form's accumulators hold, named for its epilogue: the row
+    max, and each other sum over the keys of the plan's weights (the softmax's denominator)."""
+    names = {plan.maximum: row_max}
+    for n in walk(kernel.value):
+        if isinstance(n, Reduce) and n.op == "sum_reduce" and n is not plan.total and n.extent == plan.total.extent and \
+                same(substitute(n.body, {n.var.name: Var(j, *n.var.bounds())}), plan.weight):
+            names[n] = row_sum
+        elif isinstance(n, Reduce) and n.op == "max_reduce" and same(n, plan.maximum):
+            names[n] = row_max
+    return names

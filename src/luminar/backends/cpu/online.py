@@ -13,25 +13,10 @@ Both assume finite q, k, v, as PyTorch's causal kernel does (it never reads mask
 """
 from __future__ import annotations
 
-from ...compiler.kernels import (Apply, Const, Kernel, KernelProgram, Reduce, depends_on, flat_index, numel, same, substitute,
-                                walk)
-from ...compiler.online import OnlinePlan, factors
+from ...compiler.kernels import Apply, Const, Kernel, KernelProgram, depends_on, flat_index, numel, walk
+from ...compiler.online import OnlinePlan, accumulated, factors, slope
 from ...ops import PRIMITIVES
-from ...symbolic import Var
 
-
-def slope(e, target):
-    """d e / d target when `e` is affine in `target` (which occurs once, under adds and products
-    with target-free operands), as an IR expression free of target; else None."""
-    if e == target:
-        return Const(1.0)
-    if not (isinstance(e, Apply) and e.op in ("add", "mul")):
-        return None
-    holders = [k for k, a in enumerate(e.args) if target in set(walk(a))]
-    if len(holders) != 1:
-        return None
-    inner = slope(e.args[holders[0]], target)
-    return inner if inner is None or e.op == "add" else Apply("mul", (inner, e.args[1 - holders[0]]))
 
 
 def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: int, tj: int) -> list[str]:
@@ -162,13 +147,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
                 "((lm_vec *)lm_acc[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
     out += ["        }", "      }"]
     # -- epilogue: the kernel's value with the sum, its row max and row sum read from the accumulators
-    names = {plan.total: "lm_total", plan.maximum: "lm_m[lm_ii]"}
-    for n in walk(kernel.value):
-        if isinstance(n, Reduce) and n.op == "sum_reduce" and n is not plan.total and n.extent == plan.total.extent and \
-                same(substitute(n.body, {n.var.name: Var(j, *n.var.bounds())}), plan.weight):
-            names[n] = "lm_l[lm_ii]"
-        elif isinstance(n, Reduce) and n.op == "max_reduce" and same(n, plan.maximum):
-            names[n] = "lm_m[lm_ii]"
+    names = {plan.total: "lm_total", **accumulated(kernel, plan, j, row_sum="lm_l[lm_ii]", row_max="lm_m[lm_ii]")}
     outside = [f for f in factors(plan.total.body) if j not in depends_on(f)]
     product = Const(1.0)
     for f in outside:

@@ -95,8 +95,8 @@ class CPUProgram(Program):
                                      cc.function(self.library, "omp_set_num_threads", [ctypes.c_int]))
         self._plans: dict[tuple, MemoryPlan] = {}
         self._arena = np.empty(0, np.float32)
-        self._pointers: dict[int, ctypes.Array] = {}  # id(memory plan) -> the buffers' addresses
-        self._filled: dict[int, list] = {}  # id(memory plan) -> the array each input's address is of
+        # id(memory plan) -> (the buffers' addresses, the array each input's address is of)
+        self._pointers: dict[int, tuple[ctypes.Array, list]] = {}
         self._input_buffers = list(self.kernels.inputs.values())
         self._outputs: dict[str, tuple] = {}  # output name -> (the array the last call returned, its address)
         if self.debug >= 1:
@@ -128,11 +128,11 @@ class CPUProgram(Program):
         # Filling ~1000 pointers (numpy's .ctypes per array) cost ~0.8 ms a call, a tenth of a decode
         # step's kernels: the temps' pointers are kept per plan, an input's while it is the same array.
         if id(plan) not in self._pointers:
-            self._pointers[id(plan)] = pointers = (ctypes.c_void_p * len(kp.buffers))()
-            self._filled[id(plan)] = [None] * len(kp.inputs)
+            pointers = (ctypes.c_void_p * len(kp.buffers))()
             for buf, offset in plan.offsets.items():
                 pointers[buf] = base + offset
-        pointers, filled, results = self._pointers[id(plan)], self._filled[id(plan)], {}
+            self._pointers[id(plan)] = pointers, [None] * len(kp.inputs)
+        (pointers, filled), results = self._pointers[id(plan)], {}
         # Only an input array not seen by this plan's pointers before costs numpy's .ctypes; the
         # test of which changed runs in C (map, compress), not as a Python loop over the weights.
         current = list(map(arrays.__getitem__, kp.inputs))

@@ -19,10 +19,9 @@ those names.)
 """
 from __future__ import annotations
 
-from ...compiler.kernels import Apply, Const, Kernel, KernelProgram, Reduce, depends_on, flat_index, numel, same, substitute, walk
-from ...compiler.online import OnlinePlan, factors
+from ...compiler.kernels import Apply, Const, Kernel, KernelProgram, depends_on, flat_index, numel
+from ...compiler.online import OnlinePlan, accumulated, factors, slope
 from ...ops import PRIMITIVES
-from ...symbolic import Var
 from .dialect import Dialect
 from .schedules import Online
 
@@ -119,13 +118,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
               f"        {d.barrier}  /* the block's keys and values are read: the next block may overwrite them */",
               "    }"]
     # -- the epilogue: the kernel's value with the sum, its row max and row sum from the accumulators
-    names = {plan.maximum: "lm_m"}
-    for n in walk(kernel.value):
-        if isinstance(n, Reduce) and n.op == "sum_reduce" and n is not plan.total and n.extent == plan.total.extent and \
-                same(substitute(n.body, {n.var.name: Var(j, *n.var.bounds())}), plan.weight):
-            names[n] = "lm_l"
-        elif isinstance(n, Reduce) and n.op == "max_reduce" and same(n, plan.maximum):
-            names[n] = "lm_m"
+    names = accumulated(kernel, plan, j, row_sum="lm_l", row_max="lm_m")
     product = Const(1.0)
     for f in factors(plan.total.body):
         if j not in depends_on(f):
@@ -146,7 +139,6 @@ def _skip_dead_blocks(plan: OnlinePlan, s: Online, d: Dialect, emit, j: str, N: 
     position masked) and every weight would be 0 for rows that have seen a key (a causal
     mask's future keys: half the blocks). Exact, as the CPU form's skip (backends/cpu/online.py),
     for finite inputs. None when the score is not affine in the dot product."""
-    from ..cpu.online import slope  # (IR analysis the cpu target's online form wrote first)
     rise = slope(plan.score, plan.dot)
     if rise is None:
         return []
