@@ -84,6 +84,11 @@ def test_bad_files_and_audio_raise_luminar_errors(tmp_path):
         read_weights(truncated)
     with pytest.raises(lm.WeightFileError, match="no such file"):
         read_weights(tmp_path / "missing.safetensors")
+    from safetensors.numpy import save_file
+    extra = tmp_path / "extra.safetensors"  # a tensor the model would silently drop
+    save_file({**read_weights(good), "decoder.extra.weight": np.zeros(4, np.float32)}, str(extra))
+    with pytest.raises(lm.WeightFileError, match="does not use: 'decoder.extra.weight'"):
+        read_weights(extra)
     (tmp_path / "junk.onnx").write_bytes(b"\x08\x07not an onnx model")
     with pytest.raises(lm.WeightFileError, match="not a readable ONNX model|no initializer"):
         read_onnx_weights(tmp_path / "junk.onnx")

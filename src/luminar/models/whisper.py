@@ -103,6 +103,15 @@ class WhisperConfig:
                            max_position_embeddings=self.n_text_ctx, architecture="whisper")
 
 
+# WhisperSpec's scalar options and the values this implementation computes: another value would
+# change the computation (activation 3 is CTranslate2's ActivationType::GELU, the erf form).
+COMPUTED_OPTIONS = {"decoder/activation": 3, "decoder/alibi": 0, "decoder/pre_norm": 1,
+                    "decoder/scale_embeddings": 0, "decoder/start_from_zero_embedding": 0}
+# read by WhisperConfig.from_ct2, or only used for word-level timestamps (not computed here)
+OPTIONS_READ_ELSEWHERE = ("encoder/num_heads", "decoder/num_heads", "decoder/alignment_heads",
+                          "decoder/alignment_layer")
+
+
 class CT2Weights:
     """Declares CTranslate2 variables as graph inputs, once per graph and name: fp16 arrays widened
     to float32 (exactly), or kept as stored with keep_float16."""
@@ -129,6 +138,23 @@ class CT2Weights:
             self.arrays.update(feed)
             self._declared[id(g), name] = tensor
         return self._declared[id(g), name]
+
+    def check_all_used(self) -> None:
+        """WeightFileError naming the variables no graph read (as torch's strict load_state_dict):
+        a checkpoint with parts this model does not implement must not load as if it had none.
+        The spec's scalar options must hold the values this implementation computes
+        (UnsupportedError otherwise)."""
+        for name, expected in COMPUTED_OPTIONS.items():
+            value = self.model.variables.get(name)
+            if value is not None and int(value) != expected:
+                raise UnsupportedError(f"{self.model.path}: {name} = {int(value)}; luminar's Whisper computes only "
+                                       f"{name} = {expected}")
+        read = {name for _, name in self._declared} | set(COMPUTED_OPTIONS) | set(OPTIONS_READ_ELSEWHERE)
+        unused = sorted(name for name in self.model.variables if name not in read and name not in self.model.aliases)
+        if unused:
+            more = f" (and {len(unused) - 3} more)" if len(unused) > 3 else ""
+            raise WeightFileError(f"{self.model.path}: variables this Whisper model does not use: "
+                                  f"{', '.join(map(repr, unused[:3]))}{more}")
 
 
 # -- graphs ----------------------------------------------------------------------------------------
@@ -274,6 +300,7 @@ class WhisperModel:
         weights = CT2Weights(ct2_model, keep_float16)
         started = time.perf_counter()
         encoder, decoder = build_encoder(self.config, weights), build_decoder(self.config, weights)
+        weights.check_all_used()
         say(f"built the encoder ({len(encoder.nodes):,} nodes) and decoder ({len(decoder.nodes):,} nodes) in "
             f"{time.perf_counter() - started:.1f} s; compiling for {backend}...")
         started = time.perf_counter()
