@@ -1,9 +1,12 @@
-"""Run one CUDA C kernel of the cuda target on the CPU: a C++ emulation of CUDA's execution model.
+"""Run the cuda target's CUDA C on the CPU: a C++ emulation of CUDA's execution model.
 
-For the forms no other backend runs (the tensor-core tiles, the reduction split across blocks),
-so their index math, staging, bounds, tails and epilogues are checked without a GPU. The kernel
-function, as the renderer writes it (without the CUDA prelude), is compiled by g++ after a
-prelude of its own: every thread of a block is a std::thread (blocks run one after another),
+For the forms no other backend runs (the tensor-core tiles, the reduction split across blocks,
+the online-softmax form's CUDA spelling), so their index math, staging, bounds, tails and
+epilogues are checked without a GPU; and for whole programs, which tests/cuda_stub.c (the
+stand-in driver) runs through `library`'s lm_run when a test asks it to, so the runtime's calls
+compute. The kernel functions, as the renderer writes them (the CUDA prelude dropped), are
+compiled by g++ after a prelude of its own: every thread of a block is a std::thread (created
+once per launch; the blocks run one after another, the threads meeting between blocks),
 `__shared__` arrays are function statics, __syncthreads() a barrier of the block, and the
 tensor-core instructions are warp-collective: each lane posts its fragments, the warp meets, and
 each lane computes its accumulators from the whole tiles, by the fragment layouts of PTX ISA
@@ -14,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -50,6 +54,7 @@ static inline unsigned lm_local_size(int a) { return a == 0 ? blockDim.x : a == 
 static inline long long lm_mod(long long a, long long b) { long long r = a % b; return (r != 0 && (r < 0) != (b < 0)) ? r + b : r; }
 static inline long long lm_floordiv(long long a, long long b) { return (a - lm_mod(a, b)) / b; }
 static inline float lm_bf16(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
+static inline float lm_half(unsigned short h) { _Float16 x; std::memcpy(&x, &h, 2); return (float)x; }
 static inline unsigned lm_tf32(float x) { unsigned u = __float_as_uint(x); return (u + 0x1000u) & ~0x1fffu; }  // cvt.rna
 static inline unsigned lm_bf16x2(float lo, float hi) { return (__float_as_uint(lo) >> 16) | (__float_as_uint(hi) & 0xffff0000u); }
 struct lm_lane { unsigned a[4], b[2]; };
@@ -87,22 +92,59 @@ static inline void lm_mma_tf32(float *c, unsigned a0, unsigned a1, unsigned a2, 
 static inline void lm_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) { lm_mma(c, a0, a1, a2, a3, b0, b1, true); }
 """
 
+# lm_run(name, args, grid, block): cuLaunchKernel's arguments (pointers to the values) for the kernel `name`
 LAUNCH = r"""
-extern "C" void lm_launch(void **args, unsigned gx, unsigned gy, unsigned gz, unsigned bx) {
+struct lm_entry { const char *name; void (*call)(void **); };
+static const lm_entry lm_entries[] = { ENTRIES };
+extern "C" int lm_run(const char *name, void **args, unsigned gx, unsigned gy, unsigned gz,
+                      unsigned bx, unsigned by, unsigned bz) {
+    void (*call)(void **) = nullptr;
+    for (const lm_entry &e : lm_entries) if (std::strcmp(e.name, name) == 0) call = e.call;
+    if (!call) return 1;
     gridDim = {gx, gy, gz};
-    blockDim = {bx, 1, 1};
-    for (unsigned z = 0; z < gz; z++) for (unsigned y = 0; y < gy; y++) for (unsigned x = 0; x < gx; x++) {
-        std::barrier<> block(bx);
-        lm_block_barrier = &block;
-        lm_warp_barriers.clear();
-        for (unsigned w = 0; w < (bx + 31) / 32; w++) lm_warp_barriers.push_back(new std::barrier<>(bx - 32 * w < 32 ? bx - 32 * w : 32));
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < bx; t++) threads.emplace_back([=] { threadIdx = {t, 0, 0}; blockIdx = {x, y, z}; CALL; });
-        for (auto &th : threads) th.join();
-        for (auto *b : lm_warp_barriers) delete b;
-    }
+    blockDim = {bx, by, bz};
+    const unsigned n = bx * by * bz;
+    std::barrier<> block(n), between(n);
+    lm_block_barrier = &block;
+    lm_warp_barriers.clear();
+    for (unsigned w = 0; w < (n + 31) / 32; w++) lm_warp_barriers.push_back(new std::barrier<>(n - 32 * w < 32 ? n - 32 * w : 32));
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < n; t++) threads.emplace_back([=, &between] {
+        threadIdx = {t % bx, t / bx % by, t / (bx * by)};
+        for (unsigned z = 0; z < gz; z++) for (unsigned y = 0; y < gy; y++) for (unsigned x = 0; x < gx; x++) {
+            blockIdx = {x, y, z};
+            call(args);
+            between.arrive_and_wait();  // (a block's shared arrays are the next block's)
+        }
+    });
+    for (auto &th : threads) th.join();
+    for (auto *b : lm_warp_barriers) delete b;
+    return 0;
 }
 """
+ENTRY = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
+
+
+def library(source: str, folder: Path) -> Path:
+    """A shared library of every kernel function of `source` (CUDA C as the cuda target renders
+    it, with or without the CUDA prelude) and `lm_run` to launch one by name."""
+    from luminar.backends.cuda.dialect import CUDA
+    text = source.removeprefix(CUDA.prelude)
+    calls, entries = [], []
+    for name, params in ENTRY.findall(text):
+        types = [re.fullmatch(r"\s*(.*?)(\w+)\s*", p).group(1) for p in params.split(",")]
+        values = ", ".join(f"*({t.strip()} *)args[{k}]" for k, t in enumerate(types))
+        calls.append(f"static void lm_call_{name}(void **args) {{ {name}({values}); }}")
+        entries.append(f'{{"{name}", lm_call_{name}}}')
+    text = PRELUDE + text + "\n" + "\n".join(calls) + LAUNCH.replace("ENTRIES", ", ".join(entries))
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = folder / f"emulated_{key}.so"
+    if not path.exists():
+        with tempfile.NamedTemporaryFile("w", suffix=".cpp", dir=folder, delete=False) as f:
+            f.write(text)
+        subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-pthread", "-o", str(path), f.name],
+                       check=True, capture_output=True)
+    return path
 
 
 @functools.cache
@@ -124,20 +166,7 @@ def run(program, kernel, schedule, arrays: dict, env: dict, folder: Path) -> np.
     from luminar.compiler.kernels import loads
     source = render_kernel(program, kernel, schedule, CUDA, "lm_kernel")
     used = sorted({ld.buffer for ld in loads(kernel.value)} | {kernel.out})
-    params = []
-    for k, b in enumerate(used):
-        ctype = CUDA.types[program.buffers[b].dtype]
-        params += [f"*({'' if b == kernel.out else 'const '}{ctype} **)args[{2 * k}]", f"*(long long *)args[{2 * k + 1}]"]
-    params.append(f"*(const long long **)args[{2 * len(used)}]")  # (args: pointers to the values, as cuLaunchKernel's)
-    text = PRELUDE + source + LAUNCH.replace("CALL", f"lm_kernel({', '.join(params)})")
-    key = hashlib.sha256(text.encode()).hexdigest()[:16]
-    library = folder / f"emulated_{key}.so"
-    if not library.exists():
-        with tempfile.NamedTemporaryFile("w", suffix=".cpp", dir=folder, delete=False) as f:
-            f.write(text)
-        subprocess.run(["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-pthread", "-o", str(library), f.name],
-                       check=True, capture_output=True)
-    lib = ctypes.CDLL(str(library))
+    lib = ctypes.CDLL(str(library(source, folder)))
     out = np.full(int(program.buffers[kernel.out].numel.evaluate(env)), np.nan, np.float32)
     buffers = {**{b: np.ascontiguousarray(a) for b, a in arrays.items()}, kernel.out: out}
     dims = np.array([env[d] for d in program.dims] or [0], np.int64)
@@ -145,6 +174,5 @@ def run(program, kernel, schedule, arrays: dict, env: dict, folder: Path) -> np.
     values.append(ctypes.c_void_p(dims.ctypes.data))
     args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
     (gx, gy, gz), (bx, by, bz) = launch(kernel, schedule, env)
-    assert by == bz == 1, "the emulation runs one-dimensional blocks (the mma and split forms')"
-    lib.lm_launch(args, gx, gy, gz, bx)
+    assert lib.lm_run(b"lm_kernel", args, gx, gy, gz, bx, by, bz) == 0
     return out

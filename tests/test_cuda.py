@@ -361,11 +361,9 @@ print(json.dumps(report))
 """
 
 
-def test_the_runtime_runs_end_to_end_on_a_stand_in_driver(tmp_path):
-    """tests/cuda_stub.c is a libcuda.so.1 over host memory whose launches run nothing: with it,
-    the runtime's driver calls (context, arena, copies, one CUDA graph per call updated in
-    place when dims change, device-resident state, out of memory, freeing) run here, checked
-    by what the stand-in recorded. The kernels' results are the GPU check's to verify."""
+def _on_stand_in(script: str, tmp_path, *args: str) -> dict:
+    """Run `script` in a process whose libcuda.so.1 is the stand-in (tests/cuda_stub.c); its last
+    line of output, as JSON."""
     import os
     import shutil
     import subprocess
@@ -373,13 +371,22 @@ def test_the_runtime_runs_end_to_end_on_a_stand_in_driver(tmp_path):
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         pytest.skip("no C compiler for the stand-in driver")
+    here = os.path.dirname(os.path.abspath(__file__))
     subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(tmp_path / "libcuda.so.1"),
-                    os.path.join(os.path.dirname(__file__), "cuda_stub.c")], check=True)
+                    os.path.join(here, "cuda_stub.c")], check=True)
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path), "LUMINAR_CACHE": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", STUB_RUN], env=env, capture_output=True, text=True, timeout=300)
+           "PYTHONPATH": os.pathsep.join([os.path.join(here, "..", "src"), here, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_runtime_runs_end_to_end_on_a_stand_in_driver(tmp_path):
+    """tests/cuda_stub.c is a libcuda.so.1 over host memory whose launches run nothing (here): with
+    it, the runtime's driver calls (context, arena, copies, one CUDA graph per call updated in
+    place when dims change, device-resident state, out of memory, freeing) run here, checked
+    by what the stand-in recorded."""
+    report = _on_stand_in(STUB_RUN, tmp_path)
     assert report["arch"] == "sm_90" and report["sms"] == 132  # from the device's attributes
     assert report["shapes"] == [[5, 32], [6, 32], [9, 32]] and report["dims"] == [5, 6, 9]  # (the dims array)
     assert report["graphs"] == 1 and report["replays_kept"] == 1  # one graph, built once
@@ -393,6 +400,44 @@ def test_the_runtime_runs_end_to_end_on_a_stand_in_driver(tmp_path):
     assert report["replays_after"] == 5
     assert report["validated"] == [False, False] and report["timed"] == [0, 1]
     assert report["live_bytes"] == 0 and report["frees"] == report["allocations"]  # nothing leaked
+
+
+# the stand-in running every kernel in the C++ emulation: the runtime's calls compute
+STUB_EMULATED = r"""
+import ctypes, json, sys
+from pathlib import Path
+import numpy as np
+import cuda_emulate
+from conformance import kv_cache_stays_on_the_device, small_llama_matches_transformers, train_step_keeps_its_state_on_the_device
+from luminar.backends.cuda.program import CUDAProgram
+stub, folder = ctypes.CDLL("libcuda.so.1"), Path(sys.argv[1])
+built = CUDAProgram.__init__
+def emulated(self, *args, **options):  # every program's kernels, as built, run by the emulation
+    built(self, *args, **options)
+    assert stub.stub_emulate(str(cuda_emulate.library(self.source, folder)).encode()) == 0
+CUDAProgram.__init__ = emulated
+model, ids = small_llama_matches_transformers("cuda", folder)
+kv_cache_stays_on_the_device(model, ids)
+replays = ctypes.c_long.in_dll(stub, "stub_replays").value
+model.forward(ids[:1], model.new_cache(4))
+report = {"replays_per_call": ctypes.c_long.in_dll(stub, "stub_replays").value - replays,
+          "graphs": len(model.program._replays), "emulated": ctypes.c_long.in_dll(stub, "stub_emulated").value}
+train_step_keeps_its_state_on_the_device("cuda")
+print(json.dumps(report))
+"""
+
+
+@needs_gxx
+@pytest.mark.slow
+def test_on_the_stand_in_a_llama_decodes_with_its_kv_cache_and_a_train_step_its_state_on_the_device(tmp_path):
+    """With the stand-in running the kernels in the C++ emulation (tests/cuda_emulate.py), the
+    cuda runtime computes: the small Llama's logits match transformers, also decoding through
+    the KV cache, whose rows stay on the device (a step copies in the new token's keys and
+    values, not the cache; logits bit for bit those of the host path); Adam's parameters and
+    moments stay on the device between steps and read back equal to the reference backend's.
+    (The checks are the opencl runtime's: tests/conformance.py.) Each call is one graph replay."""
+    report = _on_stand_in(STUB_EMULATED, tmp_path, str(tmp_path))
+    assert report["replays_per_call"] == 1 and report["emulated"] > 0
 
 
 # -- on a GPU ----------------------------------------------------------------------------------------

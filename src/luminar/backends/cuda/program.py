@@ -1,16 +1,22 @@
 """The cuda target's runtime: a compiled graph's cubin, its arena, and each call as one CUDA graph.
 
 What the opencl runtime does (OpenCLProgram: memory plans per dim bucket placing every
-temporary in one arena, device buffers for inputs and outputs, weights copied once, updated
-state kept on the device) is inherited; the call itself differs. The kernels a call runs are
+temporary in one arena, device buffers for inputs and outputs, weights copied once) is
+inherited, with its device-resident inputs: the new value of a `Graph.update` input (training
+parameters, optimizer state) stays on the device as the next call's input and is copied to the
+host only when read through `state`; an `append_only` input (a KV cache passed as a growing
+prefix `cache[:length]`) keeps its device copy and a call copies only the bytes past what is
+there (a decode step: the new token's rows); `transfers` counts the bytes each way. Only the
+copies are this runtime's (cuMemcpy*Async on its stream). The call itself differs. The kernels a call runs are
 one CUDA graph, built once per shape bucket and set of non-empty kernels, instantiated, and
 replayed with one cuGraphLaunch per call: a decode step is one launch, not one per kernel.
 The kernels read the call's dims from one small device array (copied in before the replay) and
 are launched for the dims rounded up to powers of two, so the calls of a bucket (every decode
 step from 65 to 128 tokens) replay the graph unchanged. A call whose launches do differ (a new
 bucket, a buffer that moved) updates only the nodes whose arguments or grid changed, in place
-(cuGraphExecKernelNodeSetParams), before the replay. Copies are only the inputs' (host to
-device, before the replay) and the outputs' (back, after it).
+(cuGraphExecKernelNodeSetParams), before the replay: a state's buffers swap each call (its
+nodes change), a KV cache's moves only when the host cache is reallocated larger. Copies are
+only the inputs' (host to device, before the replay) and the outputs' (back, after it).
 
 Every device buffer the program allocates is freed when it is replaced by a larger one, and
 all of them (with the graphs) when the program is garbage-collected.
@@ -27,7 +33,7 @@ from ...compiler.search import nearest_bucket
 from ...errors import UnsupportedError
 from ...program import Program
 from ...symbolic import Const, FloorDiv, Min, Mul, Sum, Var
-from ..opencl.program import OpenCLProgram
+from ..opencl.program import Mirror, OpenCLProgram, Transfers
 from .driver import Args, check, device, driver
 from .target import CUDATarget, launch
 
@@ -129,10 +135,11 @@ class CUDAProgram(OpenCLProgram):
         self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device address, bytes)
         self._outputs: dict[str, tuple] = {}  # output name -> (device address, bytes)
         self._pointers: list[int] = []  # every live device buffer
-        # (the opencl program's append-only inputs and state left on the device are not used here:
-        # every input is copied whole, every output, updated state included, copied back)
-        self._appended: set[str] = set()
-        self._stale: dict[str, np.ndarray] = {}
+        self._appended: set[str] = set()  # append-only inputs (opencl/program.py's module doc)
+        self._mirrors: dict[str, Mirror] = {}
+        self._stale: dict[str, np.ndarray] = {}  # updated input -> its host array, not yet copied from the device
+        self._staged: list[np.ndarray] = []  # host arrays the stream reads until the next synchronize
+        self.transfers = Transfers()
         self._replays: dict[tuple, Replay] = {}
         self._dims_buffer = self._allocate(8 * max(len(self.kernels.dims), 1))  # the call's dims, read by every kernel
         self._launch_cache: dict[tuple, list] = {}  # (bucket, dims rounded up, buffer addresses) -> launches
@@ -151,13 +158,23 @@ class CUDAProgram(OpenCLProgram):
         self._pointers.remove(ptr)
         self.device.free(ptr)
 
-    def _upload(self, name: str, host: np.ndarray, held: tuple | None):
-        """The device buffer holding input `name` = `host`, copied whole (in stream order; the host
-        copy is kept until the call synchronizes)."""
-        room = self._room(held, host.nbytes)
-        self.device.upload(room[0], host)
-        self._staged.append(host)
-        return room[0], room
+    # -- the copies the opencl program's placement of inputs and state makes (_upload, _collect, _synced)
+    def _copy_to_device(self, buffer: int, host: np.ndarray, offset: int = 0) -> None:
+        """In stream order; `host` is kept alive until the stream synchronizes."""
+        if host.nbytes:
+            self.device.upload(buffer + offset, host)
+            self._staged.append(host)
+            self.transfers.to_device += host.nbytes
+
+    def _copy_to_host(self, host: np.ndarray, buffer: int) -> None:
+        if host.nbytes:
+            self.device.download(host, buffer)
+            self.transfers.to_host += host.nbytes
+
+    def _finish(self) -> None:
+        self.device.make_current()  # (a state read may come from another thread)
+        self.device.synchronize("the program's CUDA graph")
+        self._staged = []
 
     def _room(self, held: tuple | None, nbytes: int) -> tuple:
         """(device address, its bytes): `held`'s when it is large enough, else a new buffer of the
@@ -179,28 +196,16 @@ class CUDAProgram(OpenCLProgram):
             self._arena, self._arena_bytes = self._room((self._arena, self._arena_bytes) if self._arena else None,
                                                         plan.arena_bytes)
         where = {b: (self._arena, offset // 4) for b, offset in plan.offsets.items()}
-        self._staged = []  # host copies alive until the stream has read them
         self._place_inputs(arrays, where)
         shapes = {name: tuple(int(d.evaluate(env)) for d in kp.output_shapes[name]) for name in kp.outputs}
         for name, buf in kp.outputs.items():
             self._outputs[name] = self._room(self._outputs.get(name), 4 * math.prod(shapes[name]))
             where[buf] = (self._outputs[name][0], 0)
         dims = np.array([env[d] for d in kp.dims] or [0], np.int64)
-        dev.upload(self._dims_buffer, dims)  # (in stream order: before the replay reads them)
-        self._staged.append(dims)
+        dev.upload(self._dims_buffer, dims)  # (in stream order: before the replay reads them; not in
+        self._staged.append(dims)           # `transfers`: the kernels' arguments, as opencl's are)
         self._replay(self._launches(where, env))
-        results = {}
-        for name, buf in kp.outputs.items():
-            results[name] = np.empty(shapes[name], np.float32)
-            dev.download(results[name], where[buf][0])
-        dev.synchronize("the program's CUDA graph")
-        self._staged = []
-        resident = {output: name for name, output in self.graph.updates.items()
-                    if self.graph.inputs[name].dtype == "float32" and output in self._outputs}
-        self._keep_state(results, resident)
-        for name in resident.values():  # (downloaded above with every output: the host copy is current)
-            self._stale.pop(name, None)
-        return results
+        return self._collect(shapes, where)
 
     def _launches(self, where: dict, env: dict) -> list:
         """(function, grid, block, Args) of each kernel with something to compute, in order, sized
