@@ -5,7 +5,8 @@ Each entry is (a test function of another file, its parameters); the function ta
 tests run them on their device (tests/test_opencl.py); the cuda tests compile every kernel of
 every graph they build for sm_90 (tests/test_cuda.py) and run them where a GPU is found.
 Then the checks both device runtimes share: a small Llama against transformers, its KV cache
-left on the device (bytes copied per decode step), a training step's state left there.
+left on the device (bytes copied per decode step), a training step's state left there; and the
+fused attention kernel the GPU targets' online (flash) forms compute.
 """
 import numpy as np
 import pytest
@@ -114,3 +115,16 @@ def train_step_keeps_its_state_on_the_device(backend: str):
     assert set(mine) == set(reference)
     for key in reference:
         np.testing.assert_allclose(mine[key], reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def fused_attention(**shape):
+    """The naive attention graph lowered with its softmax inlined, and the online kernel."""
+    from luminar.compiler.kernels import Lowering
+    from luminar.compiler.online import fusion_regions, online_plan
+    from luminar.compiler.passes import optimize
+    from test_fusion import attention_graph
+    lowering = Lowering(optimize(attention_graph(**shape)))
+    lowering.run()
+    fused = Lowering(lowering.graph, frozenset().union(*(r for _, r in fusion_regions(lowering)))).run()
+    (kernel,) = [k for k in fused.kernels if online_plan(k) is not None]
+    return fused, kernel

@@ -157,9 +157,10 @@ def available() -> bool:
     return done.returncode == 0
 
 
-def run(program, kernel, schedule, arrays: dict, env: dict, folder: Path) -> np.ndarray:
+def run(program, kernel, schedule, arrays: dict, env: dict, folder: Path, launched: dict | None = None) -> np.ndarray:
     """The kernel's output computed by its CUDA C in `schedule`'s form, emulated; `arrays` maps
-    each buffer id it reads to its contents (storage dtype)."""
+    each buffer id it reads to its contents (storage dtype). `launched`: the dims the launch is
+    sized for (default `env`; the runtime rounds them up, the kernel reads `env`'s)."""
     from luminar.backends.cuda.dialect import CUDA
     from luminar.backends.cuda.target import launch
     from luminar.backends.opencl.render import render_kernel
@@ -173,6 +174,6 @@ def run(program, kernel, schedule, arrays: dict, env: dict, folder: Path) -> np.
     values = [v for b in used for v in (ctypes.c_void_p(buffers[b].ctypes.data), ctypes.c_longlong(0))]
     values.append(ctypes.c_void_p(dims.ctypes.data))
     args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-    (gx, gy, gz), (bx, by, bz) = launch(kernel, schedule, env)
+    (gx, gy, gz), (bx, by, bz) = launch(kernel, schedule, launched or env)
     assert lib.lm_run(b"lm_kernel", args, gx, gy, gz, bx, by, bz) == 0
     return out

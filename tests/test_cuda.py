@@ -255,6 +255,92 @@ def test_the_split_reduction_combines_every_block_in_an_emulation_of_cuda(tmp_pa
     np.testing.assert_array_equal(out, xs.max(-1) * 2)
 
 
+# -- the online-softmax (flash) attention form ------------------------------------------------------
+from conformance import fused_attention  # noqa: E402
+from luminar.backends.opencl.schedules import Online  # noqa: E402
+from luminar.backends.opencl.space import ONLINE_FORMS  # noqa: E402
+from test_fusion import attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
+
+
+@pytest.mark.parametrize("shape", [dict(heads=8, rows=4096, keys=4096, dim=64, mask="causal"),  # the GPU check's
+                                   dict(heads=1, rows=1, keys=200, dim=64, mask=None),  # a decode step
+                                   dict(heads=2, rows=40, keys=40, dim=128, mask="input")],  # a wide head
+                         ids=["causal-4096", "one-row", "head-128"])
+def test_the_cuda_target_offers_the_online_attention_forms_and_they_compile_without_spills(shape, tmp_path, monkeypatch):
+    """A fused softmax region gets the opencl target's flash blocks that fit the device's blocks
+    and 48 KB of shared memory, the others pruned with the reason; each compiles for sm_90
+    (NVRTC) without a register spill."""
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    program, kernel = fused_attention(**shape)
+    target = CUDATarget()
+    runnable, pruned = target.fused_schedules(kernel, ["online"], {})
+    assert runnable and set(runnable) | {p[0] for p in pruned} <= set(ONLINE_FORMS) | {s.describe() for s in ONLINE_FORMS}
+    assert len(runnable) + len(pruned) == len(ONLINE_FORMS) and all("pruned" in p[2] for p in pruned)
+    assert target.fused_schedules(kernel, ["inlined"], {}) == ([], [])  # (only the online form is a GPU kernel)
+    built = target.build(program, {kernel.name: runnable})
+    _checked(built, f"online attention {shape}")
+    (call,) = [c for c in built.calls if c.kernel.name == kernel.name]
+    assert call.schedules == runnable and len(set(call.functions)) == len(runnable)
+    assert "__shared__ float lm_q[" in built.source and "__syncthreads();" in built.source
+
+
+def _attention_reference(arrays: dict, mask: str | None) -> np.ndarray:
+    """softmax(q k^T / sqrt(d) masked) v in float64 (a 0/1 mask input: 1 = masked; causal: the last rows')."""
+    q, k, v = (arrays[n].astype(np.float64) for n in "qkv")
+    rows, keys = q.shape[1], k.shape[1]
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    if mask == "causal":
+        scores = np.where(np.arange(keys)[None, :] > np.arange(rows)[:, None] + keys - rows, -1e30, scores)
+    elif mask == "input":
+        scores = np.where(arrays["m"] > 0, -1e30, scores)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape", [dict(heads=2, rows=40, keys=40, dim=32, mask="causal"),
+                                   dict(heads=3, rows=70, keys=130, dim=16, mask="input"),  # ragged blocks, a row all masked
+                                   dict(heads=1, rows=1, keys=200, dim=64, mask=None)],  # a decode step
+                         ids=["causal", "ragged-masked", "one-row"])
+def test_the_online_form_computes_attention_in_an_emulation_of_cuda(shape, tmp_path):
+    """The flash form's CUDA C (shared-memory staging, the lanes of a row combining their max and
+    sum, the skipped masked blocks, the epilogue) run by the emulation, two block shapes, against
+    float64 numpy attention."""
+    program, kernel = fused_attention(**shape)
+    arrays = attention_inputs(**shape)
+    ids = {program.buffers[b].name: b for b in range(len(program.buffers))}
+    inputs = {ids[n]: a.ravel() for n, a in arrays.items()}
+    for before in program.kernels[:program.kernels.index(kernel)]:  # (the mask's kernel, in its default form)
+        inputs[before.out] = cuda_emulate.run(program, before, CUDATarget().default_schedule(before), inputs, {}, tmp_path)
+    want = _attention_reference(arrays, shape["mask"]).reshape(-1)
+    for schedule in (Online(16, 32, 4), Online(8, 64, 8)):
+        got = cuda_emulate.run(program, kernel, schedule, inputs, {}, tmp_path)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=schedule.describe())
+
+
+@needs_gxx
+def test_the_online_form_with_a_symbolic_length_launched_for_a_rounded_length_in_an_emulation(tmp_path):
+    """As the runtime launches it (the grid sized for the length rounded up to a power of two,
+    the kernel reading the real one from the dims array): the extra row blocks store nothing."""
+    import math
+    g = lm.Graph()
+    q, k, v = (g.tensor(n, (2, "s", 32)) for n in "qkv")
+    n = q.shape[1]
+    visible = g.arange(n).unsqueeze(1) >= g.arange(n).unsqueeze(0)
+    ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(32))).masked_fill(1.0 - visible, -1e30).softmax(-1).matmul(v).output("o")
+    from luminar.compiler.kernels import Lowering
+    from luminar.compiler.online import fusion_regions, online_plan
+    lowering = Lowering(optimize(g))
+    lowering.run()
+    program = Lowering(lowering.graph, frozenset().union(*(r for _, r in fusion_regions(lowering)))).run()
+    (kernel,) = [kk for kk in program.kernels if online_plan(kk) is not None]
+    arrays = attention_inputs(heads=2, rows=37, keys=37, dim=32, seed=3)
+    ids = {program.buffers[b].name: b for b in range(len(program.buffers))}
+    got = cuda_emulate.run(program, kernel, Online(16, 32, 4), {ids[x]: arrays[x].ravel() for x in "qkv"},
+                           {"s": 37}, tmp_path, launched={"s": 64})
+    np.testing.assert_allclose(got, _attention_reference(arrays, "causal").reshape(-1), rtol=1e-4, atol=1e-5)
+
+
 # -- NVRTC ---------------------------------------------------------------------------------------
 def test_compiled_cubins_are_cached_by_source_options_and_nvrtc_version(tmp_path, monkeypatch):
     monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
@@ -502,6 +588,20 @@ def test_search_validates_and_times_candidates_on_the_gpu(tmp_path, monkeypatch)
     assert choice.source == "searched" and len([c for c in choice.candidates if c[1] is not None]) >= 3
     x, y = rand(512, 384), rand(384, 640, seed=1)
     np.testing.assert_allclose(program(a=x, b=y)["c"], x @ y, rtol=2e-2, atol=2e-2)  # (tf32 allowed)
+
+
+@needs_gpu
+def test_search_fuses_attention_into_the_online_form_on_the_gpu(fuse, monkeypatch):
+    """With the fusion forced (timings aside), the attention is one online kernel on the GPU,
+    right against numpy; a row with every key masked is the mean of v."""
+    from test_fusion import attention_graph
+    fuse(True)
+    shape = dict(heads=3, rows=70, keys=130, dim=16, mask="input")
+    g, arrays = attention_graph(**shape), attention_inputs(**shape)
+    program = g.compile("cuda", search=2)
+    assert [f.chosen for f in program.fusions] == [True]
+    assert [c.schedule.kind for per in program.choices.values() for c in per if c.source == "fused"] == ["online"]
+    np.testing.assert_allclose(program(**arrays)["o"], _attention_reference(arrays, "input"), rtol=1e-4, atol=1e-5)
 
 
 def test_a_long_reduction_to_few_outputs_is_split_across_blocks(tmp_path, monkeypatch):

@@ -150,20 +150,10 @@ def test_a_variant_that_computes_something_else_fails_against_the_plain_body(mon
 
 # -- the online-softmax (flash) attention form ---------------------------------------------------------
 from test_fusion import attention_graph, attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
+from conformance import fused_attention  # noqa: E402
 from luminar.backends.opencl.schedules import Online  # noqa: E402
 
 ONLINE = [Online(16, 32, 4), Online(8, 64, 8), Online(4, 16, 16)]
-
-
-def _fused_attention(**shape):
-    """The naive attention graph lowered with its softmax inlined, and the online kernel."""
-    from luminar.compiler.kernels import Lowering
-    from luminar.compiler.online import fusion_regions, online_plan
-    lowering = Lowering(optimize(attention_graph(**shape)))
-    lowering.run()
-    fused = Lowering(lowering.graph, frozenset().union(*(r for _, r in fusion_regions(lowering)))).run()
-    (kernel,) = [k for k in fused.kernels if online_plan(k) is not None]
-    return fused, kernel
 
 
 @pytest.mark.parametrize("shape", [dict(heads=2, rows=40, keys=40, dim=32, mask="causal"),
@@ -173,7 +163,7 @@ def _fused_attention(**shape):
 def test_every_online_form_matches_numpy_attention(shape):
     """Each block shape of the GPU flash-attention form on the bench's random q, k, v against
     softmax(q k^T / sqrt(d), causally masked) v in numpy."""
-    program, kernel = _fused_attention(**shape)
+    program, kernel = fused_attention(**shape)
     bench = Bench(program, kernel, ONLINE, {}, seed=2)
     x = {program.buffers[b].name: (b, a) for b, a in bench.arrays.items() if b != kernel.out}
     rows, keys, dim = shape["rows"], shape["keys"], shape["dim"]
@@ -191,7 +181,7 @@ def test_a_nan_in_a_query_poisons_only_its_row_in_the_online_form():
     the form skips) are untouched."""
     from pyopencl import enqueue_copy
     shape = dict(heads=2, rows=40, keys=40, dim=32, mask="causal")
-    program, kernel = _fused_attention(**shape)
+    program, kernel = fused_attention(**shape)
     bench = Bench(program, kernel, ONLINE, {}, seed=4)
     (b, q), = [(b, a) for b, a in bench.arrays.items() if program.buffers[b].name == "q"]
     q.reshape(2, 40, 32)[1, 7, 3] = np.nan

@@ -1,7 +1,8 @@
 """CUDA as a compiler target: the GPU kernel forms of the opencl target as CUDA C, plus tensor cores.
 
 Everything the compiler and the search know about this backend goes through `CUDATarget`
-(compiler/target.py). The kernel forms (Grid, Rows, Tiled), their renderer and their schedule
+(compiler/target.py). The kernel forms (Grid, Rows, Tiled, and Online: the flash-attention form of a fused softmax
+region, which the search times against the unfused kernels), their renderer and their schedule
 space are the opencl target's, written against a dialect table: here rendered with `CUDA`
 (dialect.py), compiled by NVRTC to a cubin (nvrtc.py). The target adds the tensor-core form
 (mma.py) to the space, and a reduction split across blocks (split.py) as the default for long
@@ -144,8 +145,10 @@ class CUDATarget(Target):
         return space.estimate(program, kernel, schedule, env, self.device.sms)
 
     def fused_schedules(self, kernel, forms: list[str], env: dict) -> tuple[list, list]:
-        """No fused form yet (as the opencl target: no online-softmax GPU kernel)."""
-        return [], [[f"{form}: not implemented by the cuda target", None, "pruned (no GPU form yet)"] for form in forms]
+        """The opencl target's online-softmax (flash) blocks that fit this device's blocks and
+        shared memory (rendered as CUDA C through the dialect), for the search to time against
+        the unfused kernels."""
+        return space.fused_schedules(kernel, forms, self.device.max_threads, self.device.shared_bytes)
 
     # -- measuring and building
     def bench(self, program, kernel, candidates: list, env: dict, seed: int):
