@@ -128,3 +128,21 @@ def fused_attention(**shape):
     fused = Lowering(lowering.graph, frozenset().union(*(r for _, r in fusion_regions(lowering)))).run()
     (kernel,) = [k for k in fused.kernels if online_plan(k) is not None]
     return fused, kernel
+
+
+def search_fuses_attention_into_the_online_form(backend: str, fuse, monkeypatch):
+    """With the fusion forced (`fuse`: test_fusion's fixture; timings aside), the attention is one
+    online kernel, right against the reference backend; the 0/1 mask input masks every key of
+    the first row (softmax of equal scores: the mean of v). Two of the online blocks are timed."""
+    from luminar.backends.opencl import space as space_module
+    from luminar.backends.opencl.schedules import Online
+    from test_fusion import attention_graph, attention_inputs
+    monkeypatch.setattr(space_module, "ONLINE_FORMS", (Online(16, 32, 4), Online(8, 64, 8)))
+    fuse(True)
+    shape = dict(heads=3, rows=70, keys=130, dim=16, mask="input")
+    g, arrays = attention_graph(**shape), attention_inputs(**shape)
+    program = g.compile(backend, search=2)
+    assert [f.chosen for f in program.fusions] == [True]
+    assert [c.schedule.kind for per in program.choices.values() for c in per if c.source == "fused"] == ["online"]
+    assert "online softmax" in program.explain()
+    np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)

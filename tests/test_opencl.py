@@ -149,8 +149,8 @@ def test_a_variant_that_computes_something_else_fails_against_the_plain_body(mon
 
 
 # -- the online-softmax (flash) attention form ---------------------------------------------------------
-from test_fusion import attention_graph, attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
-from conformance import fused_attention  # noqa: E402
+from test_fusion import attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
+from conformance import fused_attention, search_fuses_attention_into_the_online_form  # noqa: E402
 from luminar.backends.opencl.schedules import Online  # noqa: E402
 
 ONLINE = [Online(16, 32, 4), Online(8, 64, 8), Online(4, 16, 16)]
@@ -192,19 +192,7 @@ def test_a_nan_in_a_query_poisons_only_its_row_in_the_online_form():
 
 
 def test_search_fuses_attention_into_the_online_form_on_the_device(fuse, monkeypatch):
-    """With the fusion forced (timings aside), the attention is one online kernel, right against
-    the reference backend; the 0/1 mask input masks every key of the first row (softmax of equal
-    scores: the mean of v)."""
-    from luminar.backends.opencl import space as space_module
-    monkeypatch.setattr(space_module, "ONLINE_FORMS", tuple(ONLINE[:2]))
-    fuse(True)
-    shape = dict(heads=3, rows=70, keys=130, dim=16, mask="input")
-    g, arrays = attention_graph(**shape), attention_inputs(**shape)
-    program = g.compile("opencl", search=2)
-    assert [f.chosen for f in program.fusions] == [True]
-    assert [c.schedule.kind for per in program.choices.values() for c in per if c.source == "fused"] == ["online"]
-    assert "online softmax" in program.explain()
-    np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)
+    search_fuses_attention_into_the_online_form("opencl", fuse, monkeypatch)
 
 
 def test_fused_attention_with_a_symbolic_length_matches_torch_sdpa(fuse, monkeypatch):

@@ -146,6 +146,7 @@ class CUDAProgram(OpenCLProgram):
         # launches may be sized for dims rounded up only if no output shape shrinks as a dim grows (t - s)
         self._round_dims = all(growing(d) for call, _ in self._calls for d in call.kernel.shape)
         self.graph_updates = 0  # graph nodes updated in place so far (a new dims bucket, a buffer moved)
+        self.graph_launches = 0  # cuGraphLaunch calls so far (one per call; `replay` adds its own)
         self._last: Replay | None = None  # the graph the last call replayed
         weakref.finalize(self, _release, self.device, self._pointers, self._replays)
 
@@ -240,6 +241,7 @@ class CUDAProgram(OpenCLProgram):
             self.graph_updates += replay.update(launches)
         self._last = replay
         check(driver().cuGraphLaunch(replay.exec, self.device.stream), "cuGraphLaunch")
+        self.graph_launches += 1
 
     def replay(self, reps: int = 1) -> None:
         """Replay the last call's CUDA graph `reps` times and wait: the device's work of a call
@@ -250,4 +252,5 @@ class CUDAProgram(OpenCLProgram):
         self.device.make_current()
         for _ in range(reps):
             check(driver().cuGraphLaunch(self._last.exec, self.device.stream), "cuGraphLaunch")
+        self.graph_launches += reps
         self.device.synchronize("replaying the program's CUDA graph")
