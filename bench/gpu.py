@@ -426,8 +426,8 @@ def run_decode(rows: list, model: str | None, log: list[str]) -> None:
     per_token = (program.graph_launches - launches) / DECODE_TOKENS
     resident = to_device <= row + 64  # (the token id and the dims: a few bytes past one row)
     rows.append(["SmolLM2-135M Q4_1 decode, batch 1", f"{rate:.0f} tokens/s ({DECODE_TOKENS} tokens after a "
-                 f"{DECODE_PROMPT}-token prompt; {source}; compiled in {compile_s:.0f} s; {per_token:g} CUDA graph "
-                 f"replays per token, graphs built while decoding: {len(program._replays) - replays}; per token "
+                 f"{DECODE_PROMPT}-token prompt; {source}; compiled in {compile_s:.0f} s; CUDA graph replays per "
+                 f"token: {per_token:g}, graphs built while decoding: {len(program._replays) - replays}; per token "
                  f"{to_device:.0f} B to the device (a token's keys and values: {row} B; the cache at the end: "
                  f"{cache.length * row} B) and {to_host:.0f} B back; logits vs the reference backend: {checked(errors, right)})",
                  "-", "-", ">= 1000 tokens/s", right and rate >= 1000 and per_token == 1 and resident])

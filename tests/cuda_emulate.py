@@ -1,7 +1,7 @@
 """Run the cuda target's CUDA C on the CPU: a C++ emulation of CUDA's execution model.
 
-For the forms no other backend runs (the tensor-core tiles, the reduction split across blocks,
-the online-softmax form's CUDA spelling), so their index math, staging, bounds, tails and
+For the forms no other backend runs (the tensor-core tiles of mma.sync and wgmma, the reduction
+split across blocks, the online-softmax form's CUDA spelling), so their index math, staging, bounds, tails and
 epilogues are checked without a GPU; and for whole programs, which tests/cuda_stub.c (the
 stand-in driver) runs through `library`'s lm_run when a test asks it to, so the runtime's calls
 compute. The kernel functions, as the renderer writes them (the CUDA prelude dropped), are
@@ -10,7 +10,9 @@ once per launch; the blocks run one after another, the threads meeting between b
 `__shared__` arrays are function statics, __syncthreads() a barrier of the block, and the
 tensor-core instructions are warp-collective: each lane posts its fragments, the warp meets, and
 each lane computes its accumulators from the whole tiles, by the fragment layouts of PTX ISA
-9.7.13.4 (the same reading of them the renderer uses: the GPU check is what tests that reading).
+9.7.13.4 (the same reading of them the renderer uses: the GPU check is what tests that reading);
+wgmma likewise per warpgroup, its B operand read from shared memory through the descriptor as
+PTX ISA 9.7.15.5.1 describes the no-swizzle K-major layout (the same caveat).
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from luminar.backends.cuda.wgmma import WIDTHS
 
 PRELUDE = r"""
 #include <atomic>
@@ -90,6 +94,46 @@ static void lm_mma(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
 }
 static inline void lm_mma_tf32(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) { lm_mma(c, a0, a1, a2, a3, b0, b1, false); }
 static inline void lm_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) { lm_mma(c, a0, a1, a2, a3, b0, b1, true); }
+// wgmma (sm_90a): warpgroup-collective; the descriptor's start address is an offset from `base`
+#define __align__(n) __attribute__((aligned(n)))
+static inline void lm_fence_async_shared() {}
+static inline unsigned long long lm_wgmma_desc(const void *smem, unsigned offset, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((offset & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32);
+}
+static unsigned lm_group_lanes[8][128][4];  // [warpgroup][thread]: the A fragments
+static std::vector<std::barrier<> *> lm_warpgroup_barriers;
+static void lm_wgmma(float *c, int n, unsigned a0, unsigned a1, unsigned a2, unsigned a3, const void *base,
+                     unsigned long long desc, bool bf16) {
+    const int tid = threadIdx.x, group = tid / 128, me = tid % 128, warp = me / 32, lane = me % 32;
+    const int k = bf16 ? 16 : 8, bytes = bf16 ? 2 : 4, per = 16 / bytes;
+    lm_group_lanes[group][me][0] = a0, lm_group_lanes[group][me][1] = a1, lm_group_lanes[group][me][2] = a2, lm_group_lanes[group][me][3] = a3;
+    lm_warpgroup_barriers[group]->arrive_and_wait();
+    static thread_local float A[64][16], B[16][256];
+    for (int l = 0; l < 128; l++) {  // each warp's 16-row slice, laid out as mma.sync's A fragments
+        const int w = l / 32, g = l % 32 / 4, t = l % 4;
+        for (int r = 0; r < 4; r++) {
+            const int row = 16 * w + g + 8 * (r % 2);
+            const unsigned f = lm_group_lanes[group][l][r];
+            if (bf16) { A[row][2 * t + 8 * (r / 2)] = lm_lo(f); A[row][2 * t + 8 * (r / 2) + 1] = lm_hi(f); }
+            else A[row][t + 4 * (r / 2)] = __uint_as_float(f);
+        }
+    }
+    const unsigned start = (desc & 0x3FFF) << 4, lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
+    for (int kk = 0; kk < k; kk++) for (int nn = 0; nn < n; nn++) {  // B: core matrices of 8 columns x 16 bytes, K-major
+        const unsigned char *p = (const unsigned char *)base + start + (nn / 8) * sbo + (kk / per) * lbo + (nn % 8) * 16 + (kk % per) * bytes;
+        unsigned bits = 0;
+        std::memcpy(&bits, p, bytes);
+        B[kk][nn] = bf16 ? __uint_as_float(bits << 16) : __uint_as_float(bits & ~0x1fffu);  // (tf32: 19 bits read)
+    }
+    lm_warpgroup_barriers[group]->arrive_and_wait();
+    const int g = lane / 4, t = lane % 4;
+    for (int q = 0; q < n / 2; q++) {
+        const int row = 16 * warp + g + 8 * ((q >> 1) & 1), col = 8 * (q >> 2) + 2 * t + (q & 1);
+        float sum = c[q];
+        for (int kk = 0; kk < k; kk++) sum += A[row][kk] * B[kk][col];
+        c[q] = sum;
+    }
+}
 """
 
 # lm_run(name, args, grid, block): cuLaunchKernel's arguments (pointers to the values) for the kernel `name`
@@ -108,6 +152,8 @@ extern "C" int lm_run(const char *name, void **args, unsigned gx, unsigned gy, u
     lm_block_barrier = &block;
     lm_warp_barriers.clear();
     for (unsigned w = 0; w < (n + 31) / 32; w++) lm_warp_barriers.push_back(new std::barrier<>(n - 32 * w < 32 ? n - 32 * w : 32));
+    lm_warpgroup_barriers.clear();
+    for (unsigned w = 0; w < (n + 127) / 128; w++) lm_warpgroup_barriers.push_back(new std::barrier<>(n - 128 * w < 128 ? n - 128 * w : 128));
     std::vector<std::thread> threads;
     for (unsigned t = 0; t < n; t++) threads.emplace_back([=, &between] {
         threadIdx = {t % bx, t / bx % by, t / (bx * by)};
@@ -119,9 +165,14 @@ extern "C" int lm_run(const char *name, void **args, unsigned gx, unsigned gy, u
     });
     for (auto &th : threads) th.join();
     for (auto *b : lm_warp_barriers) delete b;
+    for (auto *b : lm_warpgroup_barriers) delete b;
     return 0;
 }
 """
+# the wgmma helpers the cuda target's kernels call, one per precision and width
+WGMMA = "".join(f"static inline void lm_wgmma_{p}_n{n}(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, "
+                f"const void *base, unsigned long long desc) {{ lm_wgmma(c, {n}, a0, a1, a2, a3, base, desc, {str(p == 'bf16').lower()}); }}\n"
+                for p in ("tf32", "bf16") for n in WIDTHS)
 ENTRY = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
 
 
@@ -136,7 +187,7 @@ def library(source: str, folder: Path) -> Path:
         values = ", ".join(f"*({t.strip()} *)args[{k}]" for k, t in enumerate(types))
         calls.append(f"static void lm_call_{name}(void **args) {{ {name}({values}); }}")
         entries.append(f'{{"{name}", lm_call_{name}}}')
-    text = PRELUDE + text + "\n" + "\n".join(calls) + LAUNCH.replace("ENTRIES", ", ".join(entries))
+    text = PRELUDE + WGMMA + text + "\n" + "\n".join(calls) + LAUNCH.replace("ENTRIES", ", ".join(entries))
     key = hashlib.sha256(text.encode()).hexdigest()[:16]
     path = folder / f"emulated_{key}.so"
     if not path.exists():

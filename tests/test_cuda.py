@@ -29,6 +29,7 @@ from conftest import rand  # noqa: E402
 from luminar.backends.cuda import CUDATarget, DeviceError  # noqa: E402
 from luminar.backends.cuda import driver  # noqa: E402
 from luminar.backends.cuda.mma import Mma, from_tile, precisions  # noqa: E402
+from luminar.backends.cuda.wgmma import Wgmma  # noqa: E402
 from luminar.backends.cuda.mma import operands as _operands  # noqa: E402
 from luminar.compiler.analysis import plan_tiles  # noqa: E402
 from luminar.backends.opencl.schedules import Grid, Rows, Tiled  # noqa: E402
@@ -183,9 +184,44 @@ def test_tensor_core_tiles_cover_a_block_with_whole_warps():
     assert not Mma(4, 4, 4, 4, 64, "tf32").legal()  # 256x128 block at 64 steps: over 48 KB of shared memory
 
 
+def test_wgmma_forms_compile_for_sm_90a_without_spills_and_other_programs_stay_sm_90(tmp_path, monkeypatch):
+    """A program with a wgmma kernel is compiled for sm_90a (the helpers exist only there), each
+    width and precision without a register spill; without one, for sm_90 as before."""
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    for build, precision in ((_matmul, "tf32"), (lambda g: _matmul(g, "bfloat16"), "bf16")):
+        program = _program(build)
+        forms = [Wgmma(1, 32, 16, precision), Wgmma(1, 64, 32, precision), Wgmma(2, 128, 16, precision)]
+        built = CUDATarget(allow_tf32=True).build(program, {program.kernels[0].name: forms})
+        _checked(built, f"wgmma {precision}")
+        assert built.cubin.arch == "sm_90a" and built.calls[0].schedules == forms
+        assert built.source.count(f"lm_wgmma_{precision}_n") >= 3 + len(forms)  # (the helpers, then each kernel's call)
+    plain = CUDATarget(allow_tf32=True).build(program, {})
+    assert plain.cubin.arch == "sm_90" and "wgmma" not in plain.calls[0].schedules[0].describe()
+
+
+def test_wgmma_is_legal_on_hopper_in_the_precisions_the_user_allows():
+    from luminar.backends.cuda.target import H200, Device
+    from luminar.backends.cuda.wgmma import from_tile as wgmma_from_tile
+    fp32, bf16 = _program(_matmul), _program(lambda g: _matmul(g, "bfloat16"))
+    ampere = Device("an A100", "sm_80", 108, 1024, 48 * 1024)
+    assert CUDATarget(H200, allow_tf32=True).legal(fp32, fp32.kernels[0], Wgmma(precision="tf32"))
+    assert not CUDATarget(H200).legal(fp32, fp32.kernels[0], Wgmma(precision="tf32"))  # TF32 not allowed
+    assert not CUDATarget(H200).legal(fp32, fp32.kernels[0], Wgmma(precision="bf16"))  # float32 operands
+    assert CUDATarget(H200).legal(bf16, bf16.kernels[0], Wgmma(precision="bf16"))
+    assert not CUDATarget(ampere).legal(bf16, bf16.kernels[0], Wgmma(precision="bf16"))  # no sm_90a there
+    assert CUDATarget(ampere).arch([Wgmma()]) == "sm_90a" and CUDATarget(ampere).arch([Tiled()]) == "sm_80"
+    marks = lambda target: {f[1] for f in target.space(bf16.kernels[0], {}).facts if f[0] == "mma"}  # noqa: E731
+    assert marks(CUDATarget(H200)) == {"mma-bf16", "wgmma-bf16"} and marks(CUDATarget(ampere)) == {"mma-bf16"}
+    # the search's tiles that are one warpgroup per 64 rows: 16 x 8 threads of 4 x 4 outputs
+    assert wgmma_from_tile(16, 8, 4, 4, 16, "bf16") == Wgmma(1, 32, 16, "bf16")
+    assert wgmma_from_tile(8, 16, 4, 4, 16, "bf16") is None and wgmma_from_tile(16, 8, 4, 4, 12, "bf16") is None
+    assert not Wgmma(1, 48, 16, "tf32").legal() and not Wgmma(8, 128, 32, "tf32").legal()  # (a width not offered; too much shared memory)
+
+
 def test_schedules_round_trip_through_the_tuning_cache_json():
     target = CUDATarget()
-    for schedule in (Grid(128), Rows(256), Tiled(wi=4, wj=16, ri=2, rj=4, kt=8), Mma(1, 2, 2, 2, 32, "bf16")):
+    for schedule in (Grid(128), Rows(256), Tiled(wi=4, wj=16, ri=2, rj=4, kt=8), Mma(1, 2, 2, 2, 32, "bf16"),
+                     Wgmma(2, 64, 16, "tf32")):
         data = json.loads(json.dumps(target.schedule_to_json(schedule)))
         assert target.schedule_from_json(data) == schedule
 
@@ -222,12 +258,16 @@ def _ragged_matmul(dtype: str, batch: int | None):
 @needs_gxx
 @pytest.mark.parametrize("schedule, dtype, batch", [
     (Mma(2, 2, 2, 4, 32, "tf32"), "float32", None), (Mma(1, 2, 1, 4, 8, "tf32"), "float32", 3),
-    (Mma(2, 1, 1, 2, 16, "bf16"), "bfloat16", None), (Mma(1, 1, 2, 1, 32, "bf16"), "bfloat16", 2)],
-    ids=["tf32-64x64", "tf32-16x64-batched", "bf16-32x16", "bf16-32x8-batched"])
+    (Mma(2, 1, 1, 2, 16, "bf16"), "bfloat16", None), (Mma(1, 1, 2, 1, 32, "bf16"), "bfloat16", 2),
+    (Wgmma(1, 32, 16, "tf32"), "float32", None), (Wgmma(2, 64, 8, "tf32"), "float32", 3),
+    (Wgmma(1, 64, 16, "bf16"), "bfloat16", None), (Wgmma(1, 32, 32, "bf16"), "bfloat16", 2)],
+    ids=["tf32-64x64", "tf32-16x64-batched", "bf16-32x16", "bf16-32x8-batched",
+         "wgmma-tf32-64x32", "wgmma-tf32-128x64-batched", "wgmma-bf16-64x64", "wgmma-bf16-64x32-batched"])
 def test_tensor_core_forms_compute_the_matmul_in_an_emulation_of_cuda(schedule, dtype, batch, tmp_path):
-    """Fragments, staging (zeros past the reduction's end), bounds, batches and the epilogue: the
-    mma form's CUDA C run by tests/cuda_emulate.py against float64 numpy. TF32 rounds operands to
-    10-bit mantissas; BF16 on bfloat16 values is exact up to float32 sums."""
+    """Fragments, staging (zeros past the reduction's end; wgmma's panel in the tensor cores'
+    core-matrix layout, read through its descriptor), bounds, batches and the epilogue: the mma
+    and wgmma forms' CUDA C run by tests/cuda_emulate.py against float64 numpy. TF32 rounds
+    operands to 10-bit mantissas; BF16 on bfloat16 values is exact up to float32 sums."""
     program, kernel, inputs, want = _ragged_matmul(dtype, batch)
     assert _operands(kernel, plan_tiles(kernel)) is not None
     got = cuda_emulate.run(program, kernel, schedule, inputs, {}, tmp_path).reshape(want.shape)
@@ -542,6 +582,19 @@ def test_every_form_matches_the_plain_form_on_the_device():
     bf16 = _program(lambda g: _matmul(g, "bfloat16"))
     forms = [Tiled(), Mma(precision="bf16"), Mma(2, 1, 1, 2, 16, "bf16"), Mma(precision="tf32")]
     assert Bench(CUDATarget(GPU.target), bf16, bf16.kernels[0], forms, {}, seed=1).validate() == [True, True, True, False]
+
+
+@needs_gpu
+@pytest.mark.skipif(GPU is None or GPU.target.arch not in ("sm_90", "sm_90a"), reason="wgmma needs a Hopper GPU (sm_90a)")
+def test_the_wgmma_forms_match_the_plain_form_on_a_hopper_gpu():
+    """The first run of wgmma anywhere: the descriptor and fragment layouts as written (see
+    backends/cuda/wgmma.py) against the plain loop body."""
+    from luminar.backends.cuda.bench import Bench
+    for build, precision, allow in ((_matmul, "tf32", True), (lambda g: _matmul(g, "bfloat16"), "bf16", False)):
+        program = _program(build)
+        forms = [Wgmma(1, 32, 16, precision), Wgmma(1, 64, 32, precision), Wgmma(2, 128, 16, precision)]
+        assert Bench(CUDATarget(GPU.target, allow_tf32=allow), program, program.kernels[0], forms, {},
+                     seed=5).validate() == [True] * 3, precision
 
 
 @needs_gpu
