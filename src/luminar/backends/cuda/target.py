@@ -34,7 +34,7 @@ from ..opencl.schedules import Tiled
 from . import mma
 from .dialect import CUDA
 from . import wgmma
-from .mma import Mma
+from .mma import Mma, TensorTiles
 from .nvrtc import Cubin, compile_cubin, version
 from .split import Split, applies as splits
 from .wgmma import Wgmma
@@ -65,7 +65,7 @@ H200 = Device("NVIDIA H200 (assumed: no device)", "sm_90", 132, 1024, 48 * 1024)
 def launch(kernel, schedule, env: dict) -> tuple[tuple, tuple] | None:
     """(grid in blocks, block in threads), three dims each, of a call at these dim values; None:
     nothing to compute (cuLaunchKernel's units; the opencl forms count work-items)."""
-    if isinstance(schedule, (Mma, Wgmma, Split)):
+    if isinstance(schedule, (TensorTiles, Split)):
         return schedule.launch(kernel, env)
     sizes = work_sizes(kernel, schedule, env)
     if sizes is None:
@@ -179,7 +179,7 @@ class CUDATarget(Target):
         wgmma form needs a Hopper device (sm_90a)."""
         if isinstance(schedule, Wgmma) and self.device.arch not in wgmma.SM90A:
             return False
-        return not isinstance(schedule, (Mma, Wgmma)) or schedule.precision in mma.precisions(program, kernel, self.allow_tf32)
+        return not isinstance(schedule, TensorTiles) or schedule.precision in mma.precisions(program, kernel, self.allow_tf32)
 
     def build(self, program, chosen: dict) -> Built:
         """Every kernel rendered in its schedule (the default for a kernel not chosen, or chosen in

@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ...compiler.analysis import TilePlan, plan_tiles
+from ...compiler.analysis import TilePlan
 from ...compiler.kernels import Kernel, flat_index, numel
 from ..opencl.dialect import Dialect
 from ..opencl.render import Emitter, _unflatten
-from .mma import A_PAD, STATIC_SHARED, STEP, block_launch, operands, stage
+from .mma import A_PAD, STEP, TensorTiles, extents, operands, stage
 
 WIDTHS = (32, 64, 128)  # the columns per block offered (the instruction takes 8 to 256)
 ELEMENT_BYTES = {"tf32": 4, "bf16": 2}  # of the panel operand in shared memory
@@ -36,7 +36,7 @@ SM90A = ("sm_90", "sm_90a")  # the architectures whose devices run sm_90a cubins
 
 
 @dataclass(frozen=True)
-class Wgmma:
+class Wgmma(TensorTiles):
     kind: ClassVar[str] = "wgmma"
     groups: int = 1  # warpgroups along the rows (64 rows each)
     n: int = 64  # columns per block
@@ -54,23 +54,14 @@ class Wgmma:
     def shared_bytes(self) -> int:
         return 4 * 64 * self.groups * (self.kt + A_PAD) + ELEMENT_BYTES.get(self.precision, 4) * self.n * self.kt
 
-    def legal(self) -> bool:
-        return (self.precision in STEP and self.kt % STEP[self.precision] == 0 and self.n in WIDTHS
-                and self.threads <= 1024 and self.shared_bytes() <= STATIC_SHARED)
+    def _fits(self) -> bool:
+        return self.n in WIDTHS
 
-    def describe(self) -> str:
-        bi, bj = self.block
-        return (f"wgmma {self.precision} (sm_90a): {self.groups} warpgroup(s) of 64x{self.n} tiles "
-                f"({bi}x{bj} outputs per block), {self.kt} steps staged in shared memory")
+    def _layout(self) -> str:
+        return f" (sm_90a): {self.groups} warpgroup(s) of 64x{self.n} tiles"
 
-    def render(self, program, kernel: Kernel, dialect: Dialect) -> list[str]:
-        plan = plan_tiles(kernel)
-        if operands(kernel, plan) is None or not self.legal():
-            raise ValueError(f"{kernel.name}: the wgmma form needs a sum of row x panel products ({self.describe()})")
+    def _render(self, program, kernel: Kernel, plan: TilePlan, dialect: Dialect) -> list[str]:
         return render_wgmma(program, kernel, plan, self, dialect)
-
-    def launch(self, kernel: Kernel, env: dict) -> tuple[tuple, tuple] | None:
-        return block_launch(kernel, env, self.block, self.threads)
 
 
 def from_tile(wi: int, wj: int, ri: int, rj: int, kt: int, precision: str) -> Wgmma | None:
@@ -117,11 +108,8 @@ static __device__ __forceinline__ void lm_fence_async_shared(void) { asm volatil
 
 
 def render_wgmma(program, kernel: Kernel, plan: TilePlan, s: Wgmma, d: Dialect) -> list[str]:
-    red, i, j = plan.reduce, plan.i, plan.j
-    row, panel = operands(kernel, plan)
-    ix, kt, step = d.index, s.kt, STEP[s.precision]
-    bi, bj = s.block
-    M, N, K = kernel.shape[-2].render_c(), kernel.shape[-1].render_c(), red.extent.render_c()
+    (row, panel), (bi, bj), (M, N, K) = operands(kernel, plan), s.block, extents(kernel, plan)
+    i, j, ix, kt = plan.i, plan.j, d.index, s.kt
     per = 16 // ELEMENT_BYTES[s.precision]  # panel elements per 16-byte core-matrix row
     sa, regs = kt + A_PAD, s.n // 2
     element = "float" if s.precision == "tf32" else "unsigned short"
@@ -149,13 +137,13 @@ def render_wgmma(program, kernel: Kernel, plan: TilePlan, s: Wgmma, d: Dialect) 
     else:
         fragments = [f"lm_bf16x2({A(dr, f'2 * lm_t + {dk}')}, {A(dr, f'2 * lm_t + {dk + 1}')})" for dk in (0, 8) for dr in (0, 8)]
     lines += ["        lm_fence_async_shared();  /* the staged panel, written by threads, is read by the tensor cores */",
-              f"        {d.barrier}", "        #pragma unroll", f"        for (int lm_kk = 0; lm_kk < {kt}; lm_kk += {step}) {{",
+              f"        {d.barrier}", "        #pragma unroll", f"        for (int lm_kk = 0; lm_kk < {kt}; lm_kk += {STEP[s.precision]}) {{",
               f"            const unsigned long long lm_desc = lm_wgmma_desc(lm_b, (lm_kk / {per}) * {16 * 8}, 128, "
               f"{8 * kt * ELEMENT_BYTES[s.precision]});",
               f"            lm_wgmma_{s.precision}_n{s.n}(lm_acc, {', '.join(fragments)}, lm_b, lm_desc);", "        }",
               f"        {d.barrier}", "    }"]
     # the epilogue per output: accumulator 4 * c + q is at row group [+8 for q >= 2], column 8 * c + 2 * thread [+1 for odd q]
-    out = Emitter(program, d, "            ", {red: "lm_acc[lm_q]"})
+    out = Emitter(program, d, "            ", {plan.reduce: "lm_acc[lm_q]"})
     out.count = count
     value = out.emit(kernel.value)
     where = flat_index(kernel.loop_vars, kernel.shape).render_c()
