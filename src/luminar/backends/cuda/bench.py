@@ -114,7 +114,8 @@ class Bench(opencl_bench.Bench):
         """The opencl bench's checks (backends/opencl/bench.Bench.validate) for the exact forms; a
         TF32 tensor-core form rounds its operands to 10-bit mantissas, so it is checked against the
         plain form at the same kind of sampled positions within TF32_RTOL of the output's scale."""
-        tf32 = {k for k in self.index if isinstance(self.schedules[k], TensorTiles) and self.schedules[k].precision == "tf32"}
+        tf32 = {k for k in self.index
+                if isinstance(self.schedules[k], TensorTiles) and self.schedules[k].precision == "tf32"}
         index, self.index = self.index, {k: n for k, n in self.index.items() if k not in tf32}
         try:
             ok = super().validate(expected)

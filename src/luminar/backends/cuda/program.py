@@ -7,9 +7,10 @@ parameters, optimizer state) stays on the device as the next call's input and is
 host only when read through `state`; an `append_only` input (a KV cache passed as a growing
 prefix `cache[:length]`) keeps its device copy and a call copies only the bytes past what is
 there (a decode step: the new token's rows); `transfers` counts the bytes each way. Only the
-copies are this runtime's (cuMemcpy*Async on its stream). The call itself differs. The kernels a call runs are
-one CUDA graph, built once per shape bucket and set of non-empty kernels, instantiated, and
-replayed with one cuGraphLaunch per call: a decode step is one launch, not one per kernel.
+copies are this runtime's (cuMemcpy*Async on its stream), and the call itself: the kernels a
+call runs are one CUDA graph, built once per shape bucket and set of non-empty kernels,
+instantiated, and replayed with one cuGraphLaunch per call (`graph_launches` counts them): a
+decode step is one launch, not one per kernel.
 The kernels read the call's dims from one small device array (copied in before the replay) and
 are launched for the dims rounded up to powers of two, so the calls of a bucket (every decode
 step from 65 to 128 tokens) replay the graph unchanged. A call whose launches do differ (a new
