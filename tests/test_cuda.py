@@ -24,10 +24,12 @@ except CompilerError as e:
     pytest.skip(f"NVRTC is not available: {e}", allow_module_level=True)
 
 from conformance import CONFORMANCE, small_llama_matches_transformers  # noqa: E402
+from conformance import kv_cache_stays_on_the_device, train_step_keeps_its_state_on_the_device  # noqa: E402
 from conftest import rand  # noqa: E402
 from luminar.backends.cuda import CUDATarget, DeviceError  # noqa: E402
 from luminar.backends.cuda import driver  # noqa: E402
 from luminar.backends.cuda.mma import Mma, from_tile, precisions  # noqa: E402
+from luminar.backends.cuda.wgmma import Wgmma  # noqa: E402
 from luminar.backends.cuda.mma import operands as _operands  # noqa: E402
 from luminar.compiler.analysis import plan_tiles  # noqa: E402
 from luminar.backends.opencl.schedules import Grid, Rows, Tiled  # noqa: E402
@@ -94,8 +96,10 @@ def test_op_conformance_kernels_compile_for_sm_90(case, cuda_kernels):
 def test_small_llama_kernels_compile_and_logits_match_transformers(tmp_path, cuda_kernels):
     """A 2-layer random Llama (test_llama's): every kernel of its graph compiles for sm_90 without
     spills; the logits (on the GPU when there is one) match transformers, also through the KV cache."""
-    small_llama_matches_transformers("cuda", tmp_path)
+    model, ids = small_llama_matches_transformers("cuda", tmp_path)
     assert GPU is not None or len(cuda_kernels) == 1  # (the model's one graph)
+    if GPU is not None:
+        kv_cache_stays_on_the_device(model, ids)
 
 
 # -- the schedule space, its tensor-core forms, and their compilation -----------------------------
@@ -180,9 +184,44 @@ def test_tensor_core_tiles_cover_a_block_with_whole_warps():
     assert not Mma(4, 4, 4, 4, 64, "tf32").legal()  # 256x128 block at 64 steps: over 48 KB of shared memory
 
 
+def test_wgmma_forms_compile_for_sm_90a_without_spills_and_other_programs_stay_sm_90(tmp_path, monkeypatch):
+    """A program with a wgmma kernel is compiled for sm_90a (the helpers exist only there), each
+    width and precision without a register spill; without one, for sm_90 as before."""
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    for build, precision in ((_matmul, "tf32"), (lambda g: _matmul(g, "bfloat16"), "bf16")):
+        program = _program(build)
+        forms = [Wgmma(1, 32, 16, precision), Wgmma(1, 64, 32, precision), Wgmma(2, 128, 16, precision)]
+        built = CUDATarget(allow_tf32=True).build(program, {program.kernels[0].name: forms})
+        _checked(built, f"wgmma {precision}")
+        assert built.cubin.arch == "sm_90a" and built.calls[0].schedules == forms
+        assert built.source.count(f"lm_wgmma_{precision}_n") >= 3 + len(forms)  # (the helpers, then each kernel's call)
+    plain = CUDATarget(allow_tf32=True).build(program, {})
+    assert plain.cubin.arch == "sm_90" and "wgmma" not in plain.calls[0].schedules[0].describe()
+
+
+def test_wgmma_is_legal_on_hopper_in_the_precisions_the_user_allows():
+    from luminar.backends.cuda.target import H200, Device
+    from luminar.backends.cuda.wgmma import from_tile as wgmma_from_tile
+    fp32, bf16 = _program(_matmul), _program(lambda g: _matmul(g, "bfloat16"))
+    ampere = Device("an A100", "sm_80", 108, 1024, 48 * 1024)
+    assert CUDATarget(H200, allow_tf32=True).legal(fp32, fp32.kernels[0], Wgmma(precision="tf32"))
+    assert not CUDATarget(H200).legal(fp32, fp32.kernels[0], Wgmma(precision="tf32"))  # TF32 not allowed
+    assert not CUDATarget(H200).legal(fp32, fp32.kernels[0], Wgmma(precision="bf16"))  # float32 operands
+    assert CUDATarget(H200).legal(bf16, bf16.kernels[0], Wgmma(precision="bf16"))
+    assert not CUDATarget(ampere).legal(bf16, bf16.kernels[0], Wgmma(precision="bf16"))  # no sm_90a there
+    assert CUDATarget(ampere).arch([Wgmma()]) == "sm_90a" and CUDATarget(ampere).arch([Tiled()]) == "sm_80"
+    marks = lambda target: {f[1] for f in target.space(bf16.kernels[0], {}).facts if f[0] == "mma"}  # noqa: E731
+    assert marks(CUDATarget(H200)) == {"mma-bf16", "wgmma-bf16"} and marks(CUDATarget(ampere)) == {"mma-bf16"}
+    # the search's tiles that are one warpgroup per 64 rows: 16 x 8 threads of 4 x 4 outputs
+    assert wgmma_from_tile(16, 8, 4, 4, 16, "bf16") == Wgmma(1, 32, 16, "bf16")
+    assert wgmma_from_tile(8, 16, 4, 4, 16, "bf16") is None and wgmma_from_tile(16, 8, 4, 4, 12, "bf16") is None
+    assert not Wgmma(1, 48, 16, "tf32").legal() and not Wgmma(8, 128, 32, "tf32").legal()  # (a width not offered; too much shared memory)
+
+
 def test_schedules_round_trip_through_the_tuning_cache_json():
     target = CUDATarget()
-    for schedule in (Grid(128), Rows(256), Tiled(wi=4, wj=16, ri=2, rj=4, kt=8), Mma(1, 2, 2, 2, 32, "bf16")):
+    for schedule in (Grid(128), Rows(256), Tiled(wi=4, wj=16, ri=2, rj=4, kt=8), Mma(1, 2, 2, 2, 32, "bf16"),
+                     Wgmma(2, 64, 16, "tf32")):
         data = json.loads(json.dumps(target.schedule_to_json(schedule)))
         assert target.schedule_from_json(data) == schedule
 
@@ -219,12 +258,16 @@ def _ragged_matmul(dtype: str, batch: int | None):
 @needs_gxx
 @pytest.mark.parametrize("schedule, dtype, batch", [
     (Mma(2, 2, 2, 4, 32, "tf32"), "float32", None), (Mma(1, 2, 1, 4, 8, "tf32"), "float32", 3),
-    (Mma(2, 1, 1, 2, 16, "bf16"), "bfloat16", None), (Mma(1, 1, 2, 1, 32, "bf16"), "bfloat16", 2)],
-    ids=["tf32-64x64", "tf32-16x64-batched", "bf16-32x16", "bf16-32x8-batched"])
+    (Mma(2, 1, 1, 2, 16, "bf16"), "bfloat16", None), (Mma(1, 1, 2, 1, 32, "bf16"), "bfloat16", 2),
+    (Wgmma(1, 32, 16, "tf32"), "float32", None), (Wgmma(2, 64, 8, "tf32"), "float32", 3),
+    (Wgmma(1, 64, 16, "bf16"), "bfloat16", None), (Wgmma(1, 32, 32, "bf16"), "bfloat16", 2)],
+    ids=["tf32-64x64", "tf32-16x64-batched", "bf16-32x16", "bf16-32x8-batched",
+         "wgmma-tf32-64x32", "wgmma-tf32-128x64-batched", "wgmma-bf16-64x64", "wgmma-bf16-64x32-batched"])
 def test_tensor_core_forms_compute_the_matmul_in_an_emulation_of_cuda(schedule, dtype, batch, tmp_path):
-    """Fragments, staging (zeros past the reduction's end), bounds, batches and the epilogue: the
-    mma form's CUDA C run by tests/cuda_emulate.py against float64 numpy. TF32 rounds operands to
-    10-bit mantissas; BF16 on bfloat16 values is exact up to float32 sums."""
+    """Fragments, staging (zeros past the reduction's end; wgmma's panel in the tensor cores'
+    core-matrix layout, read through its descriptor), bounds, batches and the epilogue: the mma
+    and wgmma forms' CUDA C run by tests/cuda_emulate.py against float64 numpy. TF32 rounds
+    operands to 10-bit mantissas; BF16 on bfloat16 values is exact up to float32 sums."""
     program, kernel, inputs, want = _ragged_matmul(dtype, batch)
     assert _operands(kernel, plan_tiles(kernel)) is not None
     got = cuda_emulate.run(program, kernel, schedule, inputs, {}, tmp_path).reshape(want.shape)
@@ -253,6 +296,92 @@ def test_the_split_reduction_combines_every_block_in_an_emulation_of_cuda(tmp_pa
     x_id = next(b for b in range(len(program.buffers)) if program.buffers[b].name == "x")
     out = cuda_emulate.run(program, program.kernels[1], Split(4, 32), {x_id: xs.ravel()}, {"n": 70_003}, tmp_path)
     np.testing.assert_array_equal(out, xs.max(-1) * 2)
+
+
+# -- the online-softmax (flash) attention form ------------------------------------------------------
+from conformance import fused_attention, search_fuses_attention_into_the_online_form  # noqa: E402
+from luminar.backends.opencl.schedules import Online  # noqa: E402
+from luminar.backends.opencl.space import ONLINE_FORMS  # noqa: E402
+from test_fusion import attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
+
+
+@pytest.mark.parametrize("shape", [dict(heads=8, rows=4096, keys=4096, dim=64, mask="causal"),  # the GPU check's
+                                   dict(heads=1, rows=1, keys=200, dim=64, mask=None),  # a decode step
+                                   dict(heads=2, rows=40, keys=40, dim=128, mask="input")],  # a wide head
+                         ids=["causal-4096", "one-row", "head-128"])
+def test_the_cuda_target_offers_the_online_attention_forms_and_they_compile_without_spills(shape, tmp_path, monkeypatch):
+    """A fused softmax region gets the opencl target's flash blocks that fit the device's blocks
+    and 48 KB of shared memory, the others pruned with the reason; each compiles for sm_90
+    (NVRTC) without a register spill."""
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    program, kernel = fused_attention(**shape)
+    target = CUDATarget()
+    runnable, pruned = target.fused_schedules(kernel, ["online"], {})
+    assert runnable and set(runnable) | {p[0] for p in pruned} <= set(ONLINE_FORMS) | {s.describe() for s in ONLINE_FORMS}
+    assert len(runnable) + len(pruned) == len(ONLINE_FORMS) and all("pruned" in p[2] for p in pruned)
+    assert target.fused_schedules(kernel, ["inlined"], {}) == ([], [])  # (only the online form is a GPU kernel)
+    built = target.build(program, {kernel.name: runnable})
+    _checked(built, f"online attention {shape}")
+    (call,) = [c for c in built.calls if c.kernel.name == kernel.name]
+    assert call.schedules == runnable and len(set(call.functions)) == len(runnable)
+    assert "__shared__ float lm_q[" in built.source and "__syncthreads();" in built.source
+
+
+def _attention_reference(arrays: dict, mask: str | None) -> np.ndarray:
+    """softmax(q k^T / sqrt(d) masked) v in float64 (a 0/1 mask input: 1 = masked; causal: the last rows')."""
+    q, k, v = (arrays[n].astype(np.float64) for n in "qkv")
+    rows, keys = q.shape[1], k.shape[1]
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
+    if mask == "causal":
+        scores = np.where(np.arange(keys)[None, :] > np.arange(rows)[:, None] + keys - rows, -1e30, scores)
+    elif mask == "input":
+        scores = np.where(arrays["m"] > 0, -1e30, scores)
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape", [dict(heads=2, rows=40, keys=40, dim=32, mask="causal"),
+                                   dict(heads=3, rows=70, keys=130, dim=16, mask="input"),  # ragged blocks, a row all masked
+                                   dict(heads=1, rows=1, keys=200, dim=64, mask=None)],  # a decode step
+                         ids=["causal", "ragged-masked", "one-row"])
+def test_the_online_form_computes_attention_in_an_emulation_of_cuda(shape, tmp_path):
+    """The flash form's CUDA C (shared-memory staging, the lanes of a row combining their max and
+    sum, the skipped masked blocks, the epilogue) run by the emulation, two block shapes, against
+    float64 numpy attention."""
+    program, kernel = fused_attention(**shape)
+    arrays = attention_inputs(**shape)
+    ids = {program.buffers[b].name: b for b in range(len(program.buffers))}
+    inputs = {ids[n]: a.ravel() for n, a in arrays.items()}
+    for before in program.kernels[:program.kernels.index(kernel)]:  # (the mask's kernel, in its default form)
+        inputs[before.out] = cuda_emulate.run(program, before, CUDATarget().default_schedule(before), inputs, {}, tmp_path)
+    want = _attention_reference(arrays, shape["mask"]).reshape(-1)
+    for schedule in (Online(16, 32, 4), Online(8, 64, 8)):
+        got = cuda_emulate.run(program, kernel, schedule, inputs, {}, tmp_path)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=schedule.describe())
+
+
+@needs_gxx
+def test_the_online_form_with_a_symbolic_length_launched_for_a_rounded_length_in_an_emulation(tmp_path):
+    """As the runtime launches it (the grid sized for the length rounded up to a power of two,
+    the kernel reading the real one from the dims array): the extra row blocks store nothing."""
+    import math
+    g = lm.Graph()
+    q, k, v = (g.tensor(n, (2, "s", 32)) for n in "qkv")
+    n = q.shape[1]
+    visible = g.arange(n).unsqueeze(1) >= g.arange(n).unsqueeze(0)
+    ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(32))).masked_fill(1.0 - visible, -1e30).softmax(-1).matmul(v).output("o")
+    from luminar.compiler.kernels import Lowering
+    from luminar.compiler.online import fusion_regions, online_plan
+    lowering = Lowering(optimize(g))
+    lowering.run()
+    program = Lowering(lowering.graph, frozenset().union(*(r for _, r in fusion_regions(lowering)))).run()
+    (kernel,) = [kk for kk in program.kernels if online_plan(kk) is not None]
+    arrays = attention_inputs(heads=2, rows=37, keys=37, dim=32, seed=3)
+    ids = {program.buffers[b].name: b for b in range(len(program.buffers))}
+    got = cuda_emulate.run(program, kernel, Online(16, 32, 4), {ids[x]: arrays[x].ravel() for x in "qkv"},
+                           {"s": 37}, tmp_path, launched={"s": 64})
+    np.testing.assert_allclose(got, _attention_reference(arrays, "causal").reshape(-1), rtol=1e-4, atol=1e-5)
 
 
 # -- NVRTC ---------------------------------------------------------------------------------------
@@ -361,11 +490,9 @@ print(json.dumps(report))
 """
 
 
-def test_the_runtime_runs_end_to_end_on_a_stand_in_driver(tmp_path):
-    """tests/cuda_stub.c is a libcuda.so.1 over host memory whose launches run nothing: with it,
-    the runtime's driver calls (context, arena, copies, one CUDA graph per call updated in
-    place when dims change, device-resident state, out of memory, freeing) run here, checked
-    by what the stand-in recorded. The kernels' results are the GPU check's to verify."""
+def _on_stand_in(script: str, tmp_path, *args: str) -> dict:
+    """Run `script` in a process whose libcuda.so.1 is the stand-in (tests/cuda_stub.c); its last
+    line of output, as JSON."""
     import os
     import shutil
     import subprocess
@@ -373,13 +500,22 @@ def test_the_runtime_runs_end_to_end_on_a_stand_in_driver(tmp_path):
     compiler = shutil.which("gcc") or shutil.which("cc")
     if compiler is None:
         pytest.skip("no C compiler for the stand-in driver")
+    here = os.path.dirname(os.path.abspath(__file__))
     subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(tmp_path / "libcuda.so.1"),
-                    os.path.join(os.path.dirname(__file__), "cuda_stub.c")], check=True)
+                    os.path.join(here, "cuda_stub.c")], check=True)
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path), "LUMINAR_CACHE": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", STUB_RUN], env=env, capture_output=True, text=True, timeout=300)
+           "PYTHONPATH": os.pathsep.join([os.path.join(here, "..", "src"), here, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_the_runtime_runs_end_to_end_on_a_stand_in_driver(tmp_path):
+    """tests/cuda_stub.c is a libcuda.so.1 over host memory whose launches run nothing (here): with
+    it, the runtime's driver calls (context, arena, copies, one CUDA graph per call updated in
+    place when dims change, device-resident state, out of memory, freeing) run here, checked
+    by what the stand-in recorded."""
+    report = _on_stand_in(STUB_RUN, tmp_path)
     assert report["arch"] == "sm_90" and report["sms"] == 132  # from the device's attributes
     assert report["shapes"] == [[5, 32], [6, 32], [9, 32]] and report["dims"] == [5, 6, 9]  # (the dims array)
     assert report["graphs"] == 1 and report["replays_kept"] == 1  # one graph, built once
@@ -395,6 +531,46 @@ def test_the_runtime_runs_end_to_end_on_a_stand_in_driver(tmp_path):
     assert report["live_bytes"] == 0 and report["frees"] == report["allocations"]  # nothing leaked
 
 
+# the stand-in running every kernel in the C++ emulation: the runtime's calls compute
+STUB_EMULATED = r"""
+import ctypes, json, sys
+from pathlib import Path
+import numpy as np
+import cuda_emulate
+from conformance import kv_cache_stays_on_the_device, small_llama_matches_transformers, train_step_keeps_its_state_on_the_device
+from luminar.backends.cuda.program import CUDAProgram
+stub, folder = ctypes.CDLL("libcuda.so.1"), Path(sys.argv[1])
+built = CUDAProgram.__init__
+def emulated(self, *args, **options):  # every program's kernels, as built, run by the emulation
+    built(self, *args, **options)
+    assert stub.stub_emulate(str(cuda_emulate.library(self.source, folder)).encode()) == 0
+CUDAProgram.__init__ = emulated
+model, ids = small_llama_matches_transformers("cuda", folder)
+kv_cache_stays_on_the_device(model, ids)
+replays, launches = ctypes.c_long.in_dll(stub, "stub_replays").value, model.program.graph_launches
+model.forward(ids[:1], model.new_cache(4))
+report = {"replays_per_call": ctypes.c_long.in_dll(stub, "stub_replays").value - replays,
+          "counted": model.program.graph_launches - launches,
+          "graphs": len(model.program._replays), "emulated": ctypes.c_long.in_dll(stub, "stub_emulated").value}
+train_step_keeps_its_state_on_the_device("cuda")
+print(json.dumps(report))
+"""
+
+
+@needs_gxx
+@pytest.mark.slow
+def test_on_the_stand_in_a_llama_decodes_with_its_kv_cache_and_a_train_step_its_state_on_the_device(tmp_path):
+    """With the stand-in running the kernels in the C++ emulation (tests/cuda_emulate.py), the
+    cuda runtime computes: the small Llama's logits match transformers, also decoding through
+    the KV cache, whose rows stay on the device (a step copies in the new token's keys and
+    values, not the cache; logits bit for bit those of the host path); Adam's parameters and
+    moments stay on the device between steps and read back equal to the reference backend's.
+    (The checks are the opencl runtime's: tests/conformance.py.) Each call is one graph replay."""
+    pytest.importorskip("transformers", reason="the small Llama's reference (the GPU machine's image has no transformers)")
+    report = _on_stand_in(STUB_EMULATED, tmp_path, str(tmp_path))
+    assert report["replays_per_call"] == report["counted"] == 1 and report["emulated"] > 0
+
+
 # -- on a GPU ----------------------------------------------------------------------------------------
 @needs_gpu
 def test_every_form_matches_the_plain_form_on_the_device():
@@ -406,6 +582,19 @@ def test_every_form_matches_the_plain_form_on_the_device():
     bf16 = _program(lambda g: _matmul(g, "bfloat16"))
     forms = [Tiled(), Mma(precision="bf16"), Mma(2, 1, 1, 2, 16, "bf16"), Mma(precision="tf32")]
     assert Bench(CUDATarget(GPU.target), bf16, bf16.kernels[0], forms, {}, seed=1).validate() == [True, True, True, False]
+
+
+@needs_gpu
+@pytest.mark.skipif(GPU is None or GPU.target.arch not in ("sm_90", "sm_90a"), reason="wgmma needs a Hopper GPU (sm_90a)")
+def test_the_wgmma_forms_match_the_plain_form_on_a_hopper_gpu():
+    """The first run of wgmma anywhere: the descriptor and fragment layouts as written (see
+    backends/cuda/wgmma.py) against the plain loop body."""
+    from luminar.backends.cuda.bench import Bench
+    for build, precision, allow in ((_matmul, "tf32", True), (lambda g: _matmul(g, "bfloat16"), "bf16", False)):
+        program = _program(build)
+        forms = [Wgmma(1, 32, 16, precision), Wgmma(1, 64, 32, precision), Wgmma(2, 128, 16, precision)]
+        assert Bench(CUDATarget(GPU.target, allow_tf32=allow), program, program.kernels[0], forms, {},
+                     seed=5).validate() == [True] * 3, precision
 
 
 @needs_gpu
@@ -435,6 +624,11 @@ def test_updated_state_stays_on_the_device():
 
 
 @needs_gpu
+def test_a_train_step_on_the_gpu_matches_the_reference_and_keeps_its_state_on_the_device():
+    train_step_keeps_its_state_on_the_device("cuda")
+
+
+@needs_gpu
 def test_out_of_device_memory_is_a_device_error_and_leaks_nothing():
     g = lm.Graph()
     (g.tensor("x", (4,)) * 2.0).output("y")
@@ -457,6 +651,11 @@ def test_search_validates_and_times_candidates_on_the_gpu(tmp_path, monkeypatch)
     assert choice.source == "searched" and len([c for c in choice.candidates if c[1] is not None]) >= 3
     x, y = rand(512, 384), rand(384, 640, seed=1)
     np.testing.assert_allclose(program(a=x, b=y)["c"], x @ y, rtol=2e-2, atol=2e-2)  # (tf32 allowed)
+
+
+@needs_gpu
+def test_search_fuses_attention_into_the_online_form_on_the_gpu(fuse, monkeypatch):
+    search_fuses_attention_into_the_online_form("cuda", fuse, monkeypatch)
 
 
 def test_a_long_reduction_to_few_outputs_is_split_across_blocks(tmp_path, monkeypatch):

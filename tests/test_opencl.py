@@ -31,6 +31,7 @@ import test_autograd as autograd  # noqa: E402
 import test_graph as graph_tests  # noqa: E402
 from conftest import rand  # noqa: E402
 from conformance import CONFORMANCE, small_llama_matches_transformers  # noqa: E402  (each runs with backend="opencl")
+from conformance import kv_cache_stays_on_the_device, train_step_keeps_its_state_on_the_device  # noqa: E402
 
 
 def _case_id(case) -> str:
@@ -68,34 +69,7 @@ def test_small_llama_logits_and_kv_cache_decoding_match_transformers(tmp_path):
     """A 2-layer random Llama (test_llama's) on opencl: the logits of a prompt against transformers,
     then decoding token by token through the KV cache against the full recompute."""
     model, ids = small_llama_matches_transformers("opencl", tmp_path)
-    _the_kv_cache_stays_on_the_device(model, ids)
-
-
-def _the_kv_cache_stays_on_the_device(model, ids):
-    """Decoding copies to the device the new token and its keys and values, not the cache: the
-    bytes a step copies in do not grow with the tokens seen, and are a fraction of the cache.
-    The logits are those of the host path (every call copying the whole cache), bit for bit."""
-    program, config = model.program, model.config
-    row = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4  # one token's keys + values
-    cache, steps = model.new_cache(capacity=len(ids)), []
-    resident = [model.forward(ids[:4], cache, last_only=False)]
-    for i in range(4, len(ids)):
-        before = program.transfers.to_device
-        resident.append(model.forward(ids[i:i + 1], cache))
-        steps.append(program.transfers.to_device - before)
-    # the first step copies the prompt's keys and values (appended on the host after the prefill), then
-    # each step the previous token's, and the token id
-    assert steps == [4 * row + 4] + [row + 4] * (len(ids) - 5)
-    assert steps[-1] * 4 < cache.length * row  # (the whole cache, which the host path copies, is larger)
-    appended, program._appended = program._appended, set()
-    try:  # the host path
-        cache, copied = model.new_cache(capacity=len(ids)), program.transfers.to_device
-        host = [model.forward(ids[:4], cache, last_only=False)] + [model.forward(ids[i:i + 1], cache) for i in range(4, len(ids))]
-        assert program.transfers.to_device - copied >= sum(range(5, len(ids) + 1)) * row
-    finally:
-        program._appended = appended
-    for a, b in zip(resident, host):
-        np.testing.assert_array_equal(a, b)
+    kv_cache_stays_on_the_device(model, ids)
 
 
 @pytest.mark.slow
@@ -175,21 +149,11 @@ def test_a_variant_that_computes_something_else_fails_against_the_plain_body(mon
 
 
 # -- the online-softmax (flash) attention form ---------------------------------------------------------
-from test_fusion import attention_graph, attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
+from test_fusion import attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
+from conformance import fused_attention, search_fuses_attention_into_the_online_form  # noqa: E402
 from luminar.backends.opencl.schedules import Online  # noqa: E402
 
 ONLINE = [Online(16, 32, 4), Online(8, 64, 8), Online(4, 16, 16)]
-
-
-def _fused_attention(**shape):
-    """The naive attention graph lowered with its softmax inlined, and the online kernel."""
-    from luminar.compiler.kernels import Lowering
-    from luminar.compiler.online import fusion_regions, online_plan
-    lowering = Lowering(optimize(attention_graph(**shape)))
-    lowering.run()
-    fused = Lowering(lowering.graph, frozenset().union(*(r for _, r in fusion_regions(lowering)))).run()
-    (kernel,) = [k for k in fused.kernels if online_plan(k) is not None]
-    return fused, kernel
 
 
 @pytest.mark.parametrize("shape", [dict(heads=2, rows=40, keys=40, dim=32, mask="causal"),
@@ -199,7 +163,7 @@ def _fused_attention(**shape):
 def test_every_online_form_matches_numpy_attention(shape):
     """Each block shape of the GPU flash-attention form on the bench's random q, k, v against
     softmax(q k^T / sqrt(d), causally masked) v in numpy."""
-    program, kernel = _fused_attention(**shape)
+    program, kernel = fused_attention(**shape)
     bench = Bench(program, kernel, ONLINE, {}, seed=2)
     x = {program.buffers[b].name: (b, a) for b, a in bench.arrays.items() if b != kernel.out}
     rows, keys, dim = shape["rows"], shape["keys"], shape["dim"]
@@ -217,7 +181,7 @@ def test_a_nan_in_a_query_poisons_only_its_row_in_the_online_form():
     the form skips) are untouched."""
     from pyopencl import enqueue_copy
     shape = dict(heads=2, rows=40, keys=40, dim=32, mask="causal")
-    program, kernel = _fused_attention(**shape)
+    program, kernel = fused_attention(**shape)
     bench = Bench(program, kernel, ONLINE, {}, seed=4)
     (b, q), = [(b, a) for b, a in bench.arrays.items() if program.buffers[b].name == "q"]
     q.reshape(2, 40, 32)[1, 7, 3] = np.nan
@@ -228,19 +192,7 @@ def test_a_nan_in_a_query_poisons_only_its_row_in_the_online_form():
 
 
 def test_search_fuses_attention_into_the_online_form_on_the_device(fuse, monkeypatch):
-    """With the fusion forced (timings aside), the attention is one online kernel, right against
-    the reference backend; the 0/1 mask input masks every key of the first row (softmax of equal
-    scores: the mean of v)."""
-    from luminar.backends.opencl import space as space_module
-    monkeypatch.setattr(space_module, "ONLINE_FORMS", tuple(ONLINE[:2]))
-    fuse(True)
-    shape = dict(heads=3, rows=70, keys=130, dim=16, mask="input")
-    g, arrays = attention_graph(**shape), attention_inputs(**shape)
-    program = g.compile("opencl", search=2)
-    assert [f.chosen for f in program.fusions] == [True]
-    assert [c.schedule.kind for per in program.choices.values() for c in per if c.source == "fused"] == ["online"]
-    assert "online softmax" in program.explain()
-    np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)
+    search_fuses_attention_into_the_online_form("opencl", fuse, monkeypatch)
 
 
 def test_fused_attention_with_a_symbolic_length_matches_torch_sdpa(fuse, monkeypatch):
@@ -349,20 +301,7 @@ def test_updated_state_is_copied_to_the_host_only_when_read():
 
 
 def test_a_train_step_on_opencl_matches_the_reference_and_keeps_its_state_on_the_device():
-    """Adam on least squares (test_optim's): losses and the state dict as on the reference
-    backend; a step copies in its batch and out its loss and step count, not the parameters."""
-    import test_optim as optim_tests
-    from luminar.optim import Adam
-    batches = optim_tests.least_squares_batches(4)
-    ours, theirs = optim_tests.least_squares("opencl", Adam(lr=0.1)), optim_tests.least_squares("reference", Adam(lr=0.1))
-    for batch in batches:
-        before = ours.program.transfers.to_host
-        assert ours.step(batch) == pytest.approx(theirs.step(batch), rel=1e-5)
-        assert ours.program.transfers.to_host - before <= 64  # (the loss, grad norm and step counter: scalars)
-    mine, reference = ours.state_dict(), theirs.state_dict()
-    assert set(mine) == set(reference)
-    for key in reference:
-        np.testing.assert_allclose(mine[key], reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    train_step_keeps_its_state_on_the_device("opencl")
 
 
 def test_append_only_names_must_be_inputs():

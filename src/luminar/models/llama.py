@@ -777,7 +777,7 @@ class LlamaModel:
 
     def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], say, compile_options: dict):
         started = time.perf_counter()
-        if self.backend in ("cpu", "opencl"):  # with search on: a decode step and a prefill get their own schedules
+        if self.backend in ("cpu", "opencl", "cuda"):  # with search on: a decode step and a prefill get their own schedules
             compile_options.setdefault("search_dims", {d: v for d, v in SEARCH_BUCKETS.items() if d in graph.dims()})
         self.program = graph.compile(self.backend, **compile_options)
         self.program.set_inputs(arrays)

@@ -19,7 +19,7 @@ from ..opencl import bench as opencl_bench
 from ..opencl.render import render_kernel, render_sampled
 from .dialect import CUDA
 from .driver import Args, DeviceError, device
-from .mma import Mma
+from .mma import TensorTiles
 from .nvrtc import compile_cubin
 from .target import launch
 
@@ -35,7 +35,7 @@ class Kernels:
         self.dev = device()
         self.dev.make_current()
         text = "\n\n".join([CUDA.prelude, extra] + [render_kernel(program, k, s, CUDA, n) for n, k, s in sources])
-        self.functions = self.dev.load(compile_cubin(text, target.device.arch).image,
+        self.functions = self.dev.load(compile_cubin(text, target.arch([s for _, _, s in sources])).image,
                                        [n for n, _, _ in sources] + list(extra_names))
         self.program, self.env, self.arrays = program, env, arrays
         self.pointers: list[int] = []
@@ -114,7 +114,8 @@ class Bench(opencl_bench.Bench):
         """The opencl bench's checks (backends/opencl/bench.Bench.validate) for the exact forms; a
         TF32 tensor-core form rounds its operands to 10-bit mantissas, so it is checked against the
         plain form at the same kind of sampled positions within TF32_RTOL of the output's scale."""
-        tf32 = {k for k in self.index if isinstance(self.schedules[k], Mma) and self.schedules[k].precision == "tf32"}
+        tf32 = {k for k in self.index
+                if isinstance(self.schedules[k], TensorTiles) and self.schedules[k].precision == "tf32"}
         index, self.index = self.index, {k: n for k, n in self.index.items() if k not in tf32}
         try:
             ok = super().validate(expected)

@@ -18,6 +18,7 @@ is turned off by the compile options (nvrtc.py: --fmad=false), as the OpenCL pre
 from __future__ import annotations
 
 from ..opencl.dialect import Dialect
+from .wgmma import PRELUDE as WGMMA  # (wgmma.mma_async, for sm_90a only)
 
 _CUDA_PRELUDE = """\
 #define INFINITY __int_as_float(0x7f800000)
@@ -51,7 +52,7 @@ CUDA = Dialect(
     name="cuda", kernel='extern "C" __global__ void', global_ptr="", local_array="__shared__",
     barrier="__syncthreads();", index="long long",
     group_id="lm_group_id({0})", local_id="lm_local_id({0})", local_size="lm_local_size({0})",
-    prelude=_CUDA_PRELUDE + _MMA, dims_in_memory=True,
+    prelude=_CUDA_PRELUDE + _MMA + WGMMA, dims_in_memory=True,
     types={"float32": "float", "float16": "unsigned short", "bfloat16": "unsigned short", "int8": "signed char",
            "uint8": "unsigned char", "int32": "int"},
     loads={"float32": "{0}[{1}]", "float16": "lm_half({0}[{1}])", "bfloat16": "lm_bf16({0}[{1}])"},

@@ -33,8 +33,45 @@ A_PAD, B_PAD = 4, 8  # shared-memory row padding: fragment reads of a warp hit 3
 STATIC_SHARED = 48 * 1024  # bytes of shared memory a kernel may declare statically
 
 
+class TensorTiles:
+    """What the tensor-core forms (Mma here, wgmma.Wgmma) share: a block of outputs per thread
+    block of `threads` (one dimension), both operands staged every `kt` steps of the reduction,
+    a `precision` the instruction takes; each form says its block, threads, shared memory and
+    body (`_render`), how its threads are arranged (`_layout`), and what else it needs to be legal
+    (`_fits`)."""
+    kind: ClassVar[str]
+
+    def legal(self) -> bool:
+        return (self.precision in STEP and self.kt % STEP[self.precision] == 0 and self.threads <= 1024
+                and self.shared_bytes() <= STATIC_SHARED and self._fits())
+
+    def _fits(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        bi, bj = self.block
+        return (f"{self.kind} {self.precision}{self._layout()} ({bi}x{bj} outputs per block), "
+                f"{self.kt} steps staged in shared memory")
+
+    def render(self, program, kernel: Kernel, dialect: Dialect) -> list[str]:
+        """The kernel's body in this form (render.render_kernel calls it for forms it does not know)."""
+        plan = plan_tiles(kernel)
+        if operands(kernel, plan) is None or not self.legal():
+            raise ValueError(f"{kernel.name}: the {self.kind} form needs a sum of row x panel products ({self.describe()})")
+        return self._render(program, kernel, plan, dialect)
+
+    def launch(self, kernel: Kernel, env: dict) -> tuple[tuple, tuple] | None:
+        """(grid, block) of a call, in blocks and threads (cuLaunchKernel's units); None: nothing to do."""
+        value = lambda e: e.value if e.is_const else int(e.evaluate(env))  # noqa: E731
+        rows, cols, batch = value(kernel.shape[-2]), value(kernel.shape[-1]), value(numel(kernel.shape[:-2]))
+        if not rows * cols * batch:
+            return None
+        bi, bj = self.block
+        return (-(-cols // bj), -(-rows // bi), batch), (self.threads, 1, 1)
+
+
 @dataclass(frozen=True)
-class Mma:
+class Mma(TensorTiles):
     kind: ClassVar[str] = "mma"
     wm: int = 2  # warps along the rows
     wn: int = 2  # warps along the columns
@@ -55,30 +92,11 @@ class Mma:
         bi, bj = self.block
         return 4 * (bi * (self.kt + A_PAD) + self.kt * (bj + B_PAD))
 
-    def legal(self) -> bool:
-        return (self.precision in STEP and self.kt % STEP[self.precision] == 0 and self.threads <= 1024
-                and self.shared_bytes() <= STATIC_SHARED)
+    def _layout(self) -> str:
+        return f": {self.wm}x{self.wn} warps of {self.tm}x{self.tn} tensor-core tiles"
 
-    def describe(self) -> str:
-        bi, bj = self.block
-        return (f"mma {self.precision}: {self.wm}x{self.wn} warps of {self.tm}x{self.tn} tensor-core tiles "
-                f"({bi}x{bj} outputs per block), {self.kt} steps staged in shared memory")
-
-    def render(self, program, kernel: Kernel, dialect: Dialect) -> list[str]:
-        """The kernel's body in this form (render.render_kernel calls it for forms it does not know)."""
-        plan = plan_tiles(kernel)
-        if operands(kernel, plan) is None or not self.legal():
-            raise ValueError(f"{kernel.name}: the mma form needs a sum of row x panel products ({self.describe()})")
+    def _render(self, program, kernel: Kernel, plan: TilePlan, dialect: Dialect) -> list[str]:
         return render_mma(program, kernel, plan, self, dialect)
-
-    def launch(self, kernel: Kernel, env: dict) -> tuple[tuple, tuple] | None:
-        """(grid, block) of a call, in blocks and threads (cuLaunchKernel's units); None: nothing to do."""
-        value = lambda e: e.value if e.is_const else int(e.evaluate(env))  # noqa: E731
-        rows, cols, batch = value(kernel.shape[-2]), value(kernel.shape[-1]), value(numel(kernel.shape[:-2]))
-        if not rows * cols * batch:
-            return None
-        bi, bj = self.block
-        return (-(-cols // bj), -(-rows // bi), batch), (self.threads, 1, 1)
 
 
 def operands(kernel: Kernel, plan: TilePlan | None):
@@ -114,12 +132,35 @@ def _unrolled(s: Mma, indent: str) -> list[str]:
             f"{indent}#pragma unroll", f"{indent}for (int lm_q = 0; lm_q < 4; lm_q++)"]
 
 
+def stage(program, d: Dialect, plan: TilePlan, node, var, extent: str, corner: str, block: int, kt: int, threads: int,
+          store: str, count: list, convert: str = "{0}") -> list[str]:
+    """Code storing the `block` x `kt` values of an operand (`var`, the row or column variable, from
+    `corner` up to `extent`) for the reduction steps from lm_k0: `store` is the element (lm_e,
+    lm_k)'s place, `convert` what is stored of the value (zero past the reduction's end). The
+    threads walk the reduction fastest when the operand is contiguous along it."""
+    ix, r, K = d.index, plan.reduce.var.name, plan.reduce.extent.render_c()
+    em = Emitter(program, d, "            ")
+    em.count = count
+    value = em.emit(node)
+    e, k = (f"lm_s / {kt}", f"lm_s % {kt}") if _along_reduction(node, plan.reduce.var) else (f"lm_s % {block}", f"lm_s / {block}")
+    return [f"        for (int lm_s = lm_tid; lm_s < {block * kt}; lm_s += {threads}) {{",
+            f"            const int lm_e = {e}, lm_k = {k};",
+            f"            const {ix} {var.name} = min({corner} + lm_e, ({ix})({extent}) - 1);",
+            f"            const {ix} {r} = min(lm_k0 + lm_k, ({ix})({K}) - 1);"] + em.lines + \
+        [f"            {store} = {convert.format(f'(lm_k0 + lm_k < ({ix})({K}) ? {value} : 0.0f)')};", "        }"]
+
+
+def extents(kernel: Kernel, plan: TilePlan) -> tuple[str, str, str]:
+    """The output's rows and columns and the reduction's length, as C expressions."""
+    return kernel.shape[-2].render_c(), kernel.shape[-1].render_c(), plan.reduce.extent.render_c()
+
+
 def render_mma(program, kernel: Kernel, plan: TilePlan, s: Mma, d: Dialect) -> list[str]:
     red, i, j = plan.reduce, plan.i, plan.j
     row, panel = operands(kernel, plan)
-    ix, r, kt, step = d.index, red.var.name, s.kt, STEP[s.precision]
+    ix, kt, step = d.index, s.kt, STEP[s.precision]
     bi, bj = s.block
-    M, N, K = kernel.shape[-2].render_c(), kernel.shape[-1].render_c(), red.extent.render_c()
+    M, N, K = extents(kernel, plan)
     sa, sb = kt + A_PAD, bj + B_PAD  # row strides of the staged operands (lm_a[bi][sa], lm_b[kt][sb])
     lines = [f"    {d.local_array} float lm_a[{bi * sa}];", f"    {d.local_array} float lm_b[{kt * sb}];",
              f"    const int lm_tid = (int){d.local_id.format(0)}, lm_warp = lm_tid / 32, lm_lane = lm_tid % 32;",
@@ -132,18 +173,8 @@ def render_mma(program, kernel: Kernel, plan: TilePlan, s: Mma, d: Dialect) -> l
     lines += [f"    float lm_acc[{s.tm}][{s.tn}][4];", *_unrolled(s, "    "), "        lm_acc[lm_m][lm_n][lm_q] = 0.0f;",
               f"    for ({ix} lm_k0 = 0; lm_k0 < {K}; lm_k0 += {kt}) {{"]
     count = [0]
-    for node, var, extent, corner, block, store, fast_k in (
-            (row, i, M, "lm_i0", bi, f"lm_a[lm_e * {sa} + lm_k]", _along_reduction(row, red.var)),
-            (panel, j, N, "lm_j0", bj, f"lm_b[lm_k * {sb} + lm_e]", _along_reduction(panel, red.var))):
-        stage = Emitter(program, d, "            ")
-        stage.count = count
-        value = stage.emit(node)
-        e, k = (f"lm_s / {kt}", f"lm_s % {kt}") if fast_k else (f"lm_s % {block}", f"lm_s / {block}")
-        lines += [f"        for (int lm_s = lm_tid; lm_s < {block * kt}; lm_s += {s.threads}) {{",
-                  f"            const int lm_e = {e}, lm_k = {k};",
-                  f"            const {ix} {var.name} = min({corner} + lm_e, ({ix})({extent}) - 1);",
-                  f"            const {ix} {r} = min(lm_k0 + lm_k, ({ix})({K}) - 1);"] + stage.lines + \
-                 [f"            {store} = lm_k0 + lm_k < ({ix})({K}) ? {value} : 0.0f;", "        }"]
+    lines += stage(program, d, plan, row, i, M, "lm_i0", bi, kt, s.threads, f"lm_a[lm_e * {sa} + lm_k]", count)
+    lines += stage(program, d, plan, panel, j, N, "lm_j0", bj, kt, s.threads, f"lm_b[lm_k * {sb} + lm_e]", count)
     lines += [f"        {d.barrier}", "        #pragma unroll", f"        for (int lm_kk = 0; lm_kk < {kt}; lm_kk += {step}) {{"]
     A = lambda m, dr, dk: f"lm_a[(lm_wr + {m} * 16 + lm_g + {dr}) * {sa} + lm_kk + {dk}]"  # noqa: E731
     B = lambda n, dk: f"lm_b[(lm_kk + {dk}) * {sb} + lm_wc + {n} * 8 + lm_g]"  # noqa: E731

@@ -28,6 +28,7 @@ OPTIONS = ("--fmad=false", "--std=c++17", "-Xptxas=-v")
 INSTALL = "pip install 'cuda-bindings==13.0.*' 'nvidia-cuda-nvrtc==13.0.*' (or luminar[cuda])"
 
 
+@functools.cache  # (every driver call asks for them; a failed import raises each time, not cached)
 def bindings():
     """(driver, nvrtc) modules of cuda-bindings, whichever layout the installed version has."""
     try:

@@ -57,6 +57,8 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, s: O
              f"    const int lm_lid = lm_r * {lanes} + lm_lane;",
              f"    const {ix} lm_i0 = ({ix}){d.group_id.format(1)} * {rows};",
              f"    const {ix} lm_batch = ({ix}){d.group_id.format(2)};"]
+    if d.dims_in_memory:  # (the launch may round dims up: extra work-groups leave, all their items alike)
+        lines.append(f"    if (lm_batch >= {numel(kernel.shape[:-2]).render_c()}) return;")
     lines += _unflatten("lm_batch", batch, kernel.shape[:-2], d)
     # -- the block's query rows, once
     lines += [f"    for (int lm_t = lm_lid; lm_t < {rows * K}; lm_t += {items}) {{",

@@ -129,30 +129,43 @@ class OpenCLProgram(Program):
         """fixed[name], first copied from the device when a call left it there."""
         host = self.fixed[name]
         if self._stale.get(name) is host:
-            if host.nbytes:
-                opencl().enqueue_copy(self.device.queue, host, self._inputs[name][1])
-                self.transfers.to_host += host.nbytes
+            self._copy_to_host(host, self._inputs[name][1])
+            self._finish()
             del self._stale[name]
         return host
 
+    # -- the device's copies: what another GPU runtime (the cuda program) replaces
+    def _copy_to_device(self, buffer, host: np.ndarray, offset: int = 0) -> None:
+        """Copy the contiguous `host` into `buffer` at byte `offset`, in queue order (the host
+        array must stay alive and unchanged until the call finishes); counted in `transfers`."""
+        if host.nbytes:
+            opencl().enqueue_copy(self.device.queue, buffer, host, dst_offset=offset, is_blocking=False)
+            self.transfers.to_device += host.nbytes
+
+    def _copy_to_host(self, host: np.ndarray, buffer) -> None:
+        """Copy `buffer` into `host`, in queue order (done at the next `_finish`); counted."""
+        if host.nbytes:
+            opencl().enqueue_copy(self.device.queue, host, buffer, is_blocking=False)
+            self.transfers.to_host += host.nbytes
+
+    def _finish(self) -> None:
+        """Wait for everything queued."""
+        self.device.queue.finish()
+
     def _upload(self, name: str, host: np.ndarray, held: tuple | None):
         """The device buffer holding input `name` = `host`, copying only what is not there yet."""
-        cl, queue = opencl(), self.device.queue
         base = prefix_of(host) if name in self._appended else None
         if base is not None:
             mirror = self._mirrors.get(name)
-            if mirror is None or mirror.host is not base:
-                mirror = self._mirrors[name] = Mirror(base, *self._room(None, base.nbytes), synced=0)
+            if mirror is None or mirror.host is not base:  # (a new array: its buffer, or the old one if large enough)
+                old = (mirror.buffer, mirror.capacity) if mirror is not None else None
+                mirror = self._mirrors[name] = Mirror(base, *self._room(old, base.nbytes), synced=0)
             if host.nbytes > mirror.synced:
-                cl.enqueue_copy(queue, mirror.buffer, host.reshape(-1).view(np.uint8)[mirror.synced:],
-                                dst_offset=mirror.synced, is_blocking=False)
-                self.transfers.to_device += host.nbytes - mirror.synced
+                self._copy_to_device(mirror.buffer, host.reshape(-1).view(np.uint8)[mirror.synced:], mirror.synced)
                 mirror.synced = host.nbytes
             return mirror.buffer, None
         room = self._room(held, host.nbytes)
-        if host.nbytes:
-            cl.enqueue_copy(queue, room[0], host, is_blocking=False)
-            self.transfers.to_device += host.nbytes
+        self._copy_to_device(room[0], host)
         return room[0], room
 
     def explain(self) -> str:
@@ -210,15 +223,19 @@ class OpenCLProgram(Program):
             except cl.Error as e:  # (out of resources: a work-group too large for this device's registers)
                 raise DeviceError(f"{self.device.device.name!r} refused to run kernel {call.kernel.name} "
                                   f"({call.schedules[which].describe()}, global {sizes[0]}, local {sizes[1]}): {e}") from None
+        return self._collect(shapes, where)
+
+    def _collect(self, shapes: dict, where: dict) -> dict:
+        """The call's outputs copied to the host (after its kernels, in queue order), but the new
+        value of an updated float32 input: that one stays on the device (see `_keep_state`)."""
         results = {}
         resident = {output: name for name, output in self.graph.updates.items()
                     if self.graph.inputs[name].dtype == "float32" and output in self._outputs}
-        for name, buf in kp.outputs.items():
+        for name, buf in self.kernels.outputs.items():
             results[name] = np.empty(shapes[name], np.float32)
-            if results[name].nbytes and name not in resident:  # (new state is copied when read: see `state`)
-                cl.enqueue_copy(queue, results[name], where[buf][0], is_blocking=False)
-                self.transfers.to_host += results[name].nbytes
-        queue.finish()
+            if name not in resident:  # (new state is copied when read: see `state`)
+                self._copy_to_host(results[name], where[buf][0])
+        self._finish()
         self._keep_state(results, resident)
         return results
 
