@@ -29,6 +29,7 @@ PRELUDE = r"""
 #include <thread>
 #include <vector>
 struct lm_dim3 { unsigned x, y, z; };
+struct alignas(16) float4 { float x, y, z, w; };
 static thread_local lm_dim3 threadIdx, blockIdx;
 static lm_dim3 blockDim, gridDim;
 static std::barrier<> *lm_block_barrier;

@@ -255,6 +255,28 @@ def test_the_split_reduction_combines_every_block_in_an_emulation_of_cuda(tmp_pa
     np.testing.assert_array_equal(out, xs.max(-1) * 2)
 
 
+@needs_gxx
+def test_vector_load_forms_compile_and_compute_the_matvec_in_an_emulation_of_cuda(tmp_path, monkeypatch):
+    """The opencl forms' vector loads in the CUDA dialect's spelling (a float4 read through a cast
+    of a 16-byte aligned address): they compile for sm_90 without a spill, and the emulated kernel
+    is the plain form's result, bit for bit (each step computed from its lane in the serial order)."""
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    g = lm.Graph()
+    (g.tensor("x", (3, 256)) @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y")
+    program = lower(optimize(g))
+    kernel = program.kernels[0]
+    built = CUDATarget().build(program, {kernel.name: [Grid(64, 4)]})
+    assert "(const float4 *)" in built.source
+    _checked(built, "matvec")
+    rng = np.random.default_rng(4)
+    arrays = {b.id: rng.standard_normal(int(b.numel.value)).astype(np.float32) for b in program.buffers
+              if b.name in ("x", "w")}
+    vector, plain = (cuda_emulate.run(program, kernel, s, arrays, {}, tmp_path) for s in (Grid(64, 4), Grid(64)))
+    x, w = (arrays[b.id].reshape(-1, 256) for b in program.buffers if b.name in ("x", "w"))
+    np.testing.assert_allclose(vector.reshape(3, 48), x @ w.T, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(vector, plain)
+
+
 # -- NVRTC ---------------------------------------------------------------------------------------
 def test_compiled_cubins_are_cached_by_source_options_and_nvrtc_version(tmp_path, monkeypatch):
     monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))

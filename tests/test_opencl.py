@@ -114,7 +114,7 @@ def test_smollm2_chat_answers_paris_on_opencl(capsys):
 from luminar.backends.opencl.bench import Bench  # noqa: E402
 from luminar.backends.opencl.schedules import Grid, Rows, Tiled  # noqa: E402
 from luminar.compiler.analysis import plan_tiles  # noqa: E402
-from luminar.compiler.kernels import Load, lower  # noqa: E402
+from luminar.compiler.kernels import Load, Reduce, lower, walk  # noqa: E402
 from luminar.compiler.passes import optimize  # noqa: E402
 
 
@@ -172,6 +172,76 @@ def test_a_variant_that_computes_something_else_fails_against_the_plain_body(mon
     monkeypatch.setattr(bench_module, "render_kernel", off_by_one)
     program, kernel = _kernel(lambda g: (g.tensor("x", (300, 40)).exp() * 2.0).output("y"))  # sampled: > 4096 outputs
     assert Bench(program, kernel, [Grid(), Grid(local=32), Grid(local=128)], {}, seed=0).validate() == [True, False, True]
+
+
+# -- vector loads (vector.py) ----------------------------------------------------------------------------
+from luminar.backends.opencl.render import render_kernel  # noqa: E402
+from luminar.backends.opencl.vector import vector_loads  # noqa: E402
+
+
+def _reduction(build):
+    """The lowered program of `build(g)` and its first kernel (the reduction), and that reduction."""
+    program, _ = _kernel(build)
+    kernel = program.kernels[0]
+    return program, kernel, next(n for n in walk(kernel.value) if isinstance(n, Reduce))
+
+
+VECTOR_CASES = {  # a kernel, its plain form first, then forms with vector loads
+    "matvec": (lambda g: (g.tensor("x", (3, 256)) @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y"),
+               [Grid(), Grid(64, 4), Grid(32, 4)]),
+    "softmax rows": (lambda g: g.tensor("x", (6, 300)).softmax(-1).output("y"), [Rows(32), Rows(32, 4), Rows(64, 4)]),
+}
+
+
+@pytest.mark.parametrize("case", list(VECTOR_CASES))
+def test_every_vector_load_form_matches_the_plain_form(case):
+    """A dot product's two contiguous operands, a softmax row's max and sum: read 4 at a time
+    (vload4), each step then computed from its lane in the serial order, so a work-item's
+    reduction is the plain loop's bit for bit (Rows: each work-item's share is runs of 4)."""
+    build, forms = VECTOR_CASES[case]
+    program, kernel, _ = _reduction(build)
+    assert "vload4" not in render_kernel(program, kernel, forms[0])
+    assert all("vload4" in render_kernel(program, kernel, f) for f in forms[1:])
+    bench = Bench(program, kernel, forms, {}, seed=2)
+    assert bench.validate() == [True] * len(forms)
+    if case == "matvec":
+        assert all(np.array_equal(bench.output(k), bench.output(0)) for k in range(1, len(forms)))
+
+
+@pytest.mark.parametrize("build, vectorized", [
+    (lambda g: (g.tensor("x", (3, 256)) @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y"), ["x", "w"]),
+    (lambda g: (g.tensor("x", (3, 45)) @ g.tensor("w", (48, 45)).transpose(0, 1)).output("y"), None),  # 45 steps
+    (lambda g: (g.tensor("x", (3, 257))[:, 1:] @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y"), ["w"]),
+    (lambda g: (g.tensor("x", (3, 256)) @ g.tensor("w", (256, 48))).output("y"), ["x"]),  # w: stride 48 along r
+    (lambda g: (g.tensor("x", (3, 256), "float16") @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y"), ["w"]),
+], ids=["aligned", "extent-not-a-multiple-of-4", "offset-1", "strided", "float16"])
+def test_vector_loads_only_where_contiguous_aligned_float32_and_a_multiple_of_4(build, vectorized):
+    """The guard: a constant extent that is a multiple of 4; each vectorized load contiguous
+    along the reduction, 16-byte aligned (no odd offset) and float32; what fails it is read one
+    element at a time, and a reduction with nothing to vectorize keeps the plain loop. Every
+    form stays right."""
+    program, kernel, red = _reduction(build)
+    found = vector_loads(program, red)
+    assert (None if found is None else sorted(program.buffers[ld.buffer].name for ld in found)) == \
+        (None if vectorized is None else sorted(vectorized))
+    assert render_kernel(program, kernel, Grid(64, 4)).count("vload4(") == len(vectorized or [])
+    assert Bench(program, kernel, [Grid(), Grid(64, 4)], {}, seed=1).validate() == [True, True]
+
+
+def test_the_search_space_offers_vector_loads_where_the_guard_holds():
+    from luminar.backends.opencl.target import OPENCL
+    from luminar.compiler import search
+    found = {}
+    for name, build in (("matvec", VECTOR_CASES["matvec"][0]), ("ragged", lambda g: (g.tensor("x", (3, 45)) @ g.tensor(
+            "w", (48, 45)).transpose(0, 1)).output("y"))):
+        program, kernel, _ = _reduction(build)
+        sp = OPENCL.space(kernel, {})
+        nests = search.sample(search.saturate(OPENCL, sp), 200, 0, OPENCL.viable(kernel, sp),
+                              lambda nest: OPENCL.to_schedule(nest, kernel, sp) is not None)
+        found[name] = {OPENCL.to_schedule(n, kernel, sp) for n in nests}
+    assert {s.vector for s in found["matvec"] if isinstance(s, Grid)} == {1, 4}
+    assert {s.vector for s in found["ragged"] if isinstance(s, Grid)} == {1}
+    assert all(getattr(s, "vector", 1) == 1 for s in found["matvec"] | found["ragged"] if not isinstance(s, Grid))
 
 
 # -- the online-softmax (flash) attention form ---------------------------------------------------------

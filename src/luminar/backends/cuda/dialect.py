@@ -55,4 +55,5 @@ CUDA = Dialect(
     types={"float32": "float", "float16": "unsigned short", "bfloat16": "unsigned short", "int8": "signed char",
            "uint8": "unsigned char", "int32": "int"},
     loads={"float32": "{0}[{1}]", "float16": "lm_half({0}[{1}])", "bfloat16": "lm_bf16({0}[{1}])"},
+    float4="float4", load4="(*(const float4 *)({0} + {1}))",  # (16-byte aligned: opencl/vector.py's guard)
 )

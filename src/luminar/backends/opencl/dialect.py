@@ -2,7 +2,7 @@
 
 The renderer (render.py) writes kernels against this table only: work-item and work-group
 indices, memory spaces, the barrier, the kernel qualifier, the integer type of index math, the
-storage types and the math helpers. The OpenCL target uses `OPENCL`; a CUDA target renders the
+storage types, vector loads and the math helpers. The OpenCL target uses `OPENCL`; a CUDA target renders the
 same kernel forms with a table of its own (threadIdx/blockIdx, __shared__, __syncthreads(),
 extern "C" __global__).
 """
@@ -31,6 +31,10 @@ class Dialect:
     # format(a, b, 1/b): fmod by a constant power of two b >= 1, exactly (a dequantized weight's nibbles);
     # "" keeps the library fmod (PoCL's costs ~100 ns: it was 9/10 of a SmolLM2 decode step)
     pow2_mod: str = ""
+    # vector loads (vector.py): the type of four float32 lanes, and format(pointer, index) reading
+    # pointer[index .. index + 3] as one (index a multiple of 4, the address 16-byte aligned); "": none
+    float4: str = ""
+    load4: str = ""
 
     def load(self, dtype: str, pointer: str, index: str) -> str:
         return self.loads.get(dtype, "(float){0}[{1}]").format(pointer, index)
@@ -62,4 +66,5 @@ OPENCL = Dialect(
            "int32": "int"},
     loads={"float32": "{0}[{1}]", "float16": "vload_half({1}, {0})", "bfloat16": "lm_bf16({0}[{1}])"},
     pow2_mod="lm_fmod_pow2({0}, {1}, {2})",
+    float4="float4", load4="vload4(0, {0} + {1})",
 )

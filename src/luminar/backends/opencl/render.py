@@ -25,6 +25,7 @@ from ...ops import PRIMITIVES
 from ...symbolic import Var, sym
 from .dialect import OPENCL, Dialect
 from .schedules import Grid, Online, Rows, Schedule, Tiled, default_schedule, hoisted_rows
+from .vector import LANE_NAMES, LANES, vector_loads
 
 
 def render_float(v: float) -> str:
@@ -38,8 +39,10 @@ def render_float(v: float) -> str:
 class Emitter:
     """Turns an IR expression into statements, naming each distinct subexpression once."""
 
-    def __init__(self, program: KernelProgram, dialect: Dialect, indent: str, names: dict | None = None):
+    def __init__(self, program: KernelProgram, dialect: Dialect, indent: str, names: dict | None = None,
+                 vector: bool = False):
         self.program, self.dialect, self.indent = program, dialect, indent
+        self.vector = vector and bool(dialect.load4)  # serial reductions with vector loads where vector.py allows
         self.lines: list[str] = []
         self.names: dict = dict(names or {})  # IR node -> its name, known on entry
         self.count = [0]  # shared with child emitters: names stay unique in the function
@@ -49,7 +52,7 @@ class Emitter:
         return f"{prefix}{self.count[0]}"
 
     def child(self, indent: str = "    ") -> Emitter:
-        inner = Emitter(self.program, self.dialect, self.indent + indent, self.names)
+        inner = Emitter(self.program, self.dialect, self.indent + indent, self.names, self.vector)
         inner.count = self.count
         return inner
 
@@ -111,16 +114,42 @@ class Emitter:
             self.hoist(body.value, var)
 
     def reduce(self, e: Reduce) -> str:
-        """A reduction as a serial loop in the work-item."""
+        """A reduction as a serial loop in the work-item (with vector loads when allowed)."""
         prim, ix = PRIMITIVES[e.op], self.dialect.index
         self.hoist(e.body, e.var.name)
         acc = self.fresh("acc")
         self.lines.append(f"{self.indent}float {acc} = {render_float(prim.identity)};")
+        vectors = vector_loads(self.program, e) if self.vector else None
+        if vectors:
+            self.vector_loop(e, vectors, acc, "0", LANES)
+            return acc
         self.lines.append(f"{self.indent}for ({ix} {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; "
                           f"{e.var.name}++) {{")
         value = self.block(e.body)
         self.lines += [f"{self.indent}    {acc} = {prim.c.format(acc, value)};", f"{self.indent}}}"]
         return acc
+
+    def vector_loop(self, e: Reduce, vectors: list[Load], acc: str, start: str, step: int) -> None:
+        """Accumulate `e` into `acc` over r = start, start + step, ... in runs of LANES steps: each
+        of `vectors` read once per run (the dialect's load4), the LANES steps then in order, each
+        from its lane (vector.py)."""
+        d, r, prim = self.dialect, e.var.name, PRIMITIVES[e.op]
+        base, indent = Var("_" + self.fresh("lanes")), self.indent
+        self.lines.append(f"{indent}for ({d.index} {base.name} = {start}; {base.name} < {e.extent.render_c()}; "
+                          f"{base.name} += {step}) {{")
+        lanes = {}
+        for load in vectors:
+            lanes[load] = self.fresh("vec")
+            address = load.index.substitute({r: base}).render_c()
+            self.lines.append(f"{indent}    const {d.float4} {lanes[load]} = "
+                              f"{d.load4.format(f'b{self.program.buffers[load.buffer].id}', address)};")
+        for lane in range(LANES):
+            inner = self.child("        ")
+            inner.names.update({load: f"{name}.{LANE_NAMES[lane]}" for load, name in lanes.items()})
+            value = inner.emit(e.body)
+            self.lines += [f"{indent}    {{", f"{indent}        const {d.index} {r} = {base.name} + {lane};"] + \
+                inner.lines + [f"{indent}        {acc} = {prim.c.format(acc, value)};", f"{indent}    }}"]
+        self.lines.append(f"{indent}}}")
 
     def gather(self, e: Gather) -> str:
         """The body evaluated once, at the integer the index holds (0.0 when it is not a valid index)."""
@@ -172,7 +201,7 @@ def render_grid(program, kernel, schedule: Grid, d: Dialect) -> list[str]:
              f"({d.index}){d.local_id.format(0)};",
              f"    if (lm_flat >= {n.render_c()}) return;"]
     lines += _unflatten("lm_flat", kernel.loop_vars, kernel.shape, d)
-    em = Emitter(program, d, "    ")
+    em = Emitter(program, d, "    ", vector=schedule.vector > 1)
     value = em.emit(split_reductions(kernel.value))
     return lines + em.lines + [f"    b{kernel.out}[lm_flat] = {value};"]
 
@@ -205,17 +234,21 @@ def render_rows(program, kernel, schedule: Rows, d: Dialect) -> list[str]:
     if d.dims_in_memory:  # (the launch may round dims up: the extra work-groups leave, all their items alike)
         lines.append(f"    if (lm_row >= {numel(kernel.shape[:-1]).render_c()}) return;")
     lines += _unflatten("lm_row", kernel.loop_vars[:-1], kernel.shape[:-1], d)
-    em = Emitter(program, d, "    ")
+    em = Emitter(program, d, "    ", vector=schedule.vector > 1)
     for red in hoisted_rows(kernel):
         prim, acc = PRIMITIVES[red.op], em.fresh("part")
         em.hoist(red.body, red.var.name)
-        em.lines += [f"    float {acc} = {render_float(prim.identity)};",
-                     f"    for ({d.index} {red.var.name} = lm_lid; {red.var.name} < {red.extent.render_c()}; "
-                     f"{red.var.name} += {size}) {{"]
-        value = em.block(red.body)
+        em.lines.append(f"    float {acc} = {render_float(prim.identity)};")
+        vectors = vector_loads(program, red) if em.vector else None
+        if vectors:  # (each work-item's share: runs of LANES consecutive steps, every size-th run)
+            em.vector_loop(red, vectors, acc, f"{LANES} * lm_lid", LANES * size)
+        else:
+            em.lines.append(f"    for ({d.index} {red.var.name} = lm_lid; {red.var.name} < {red.extent.render_c()}; "
+                            f"{red.var.name} += {size}) {{")
+            value = em.block(red.body)
+            em.lines += [f"        {acc} = {prim.c.format(acc, value)};", "    }"]
         total = em.fresh("row")
-        em.lines += [f"        {acc} = {prim.c.format(acc, value)};", "    }",
-                     f"    lm_part[lm_lid] = {acc};", f"    {d.barrier}",
+        em.lines += [f"    lm_part[lm_lid] = {acc};", f"    {d.barrier}",
                      f"    for (int lm_s = {size // 2}; lm_s > 0; lm_s >>= 1) {{",
                      f"        if (lm_lid < lm_s) lm_part[lm_lid] = {prim.c.format('lm_part[lm_lid]', 'lm_part[lm_lid + lm_s]')};",
                      f"        {d.barrier}", "    }",

@@ -3,7 +3,8 @@
 A kernel's output is mapped onto a grid of work-groups of work-items:
 
 - `Grid`   one work-item per output element (the flat output index split into work-groups of
-           `local`), every reduction serial inside the work-item: any kernel.
+           `local`), every reduction serial inside the work-item: any kernel. With `vector` 4 a
+           reduction's contiguous float32 operands are read 4 at a time (vector.py; `Rows` too).
 - `Rows`   one work-group per output row; the row values (reductions that do not depend on the
            innermost output index: a softmax's max and sum, a norm's mean) are split across the
            work-group's `local` work-items, combined in local memory with barriers, then each
@@ -38,18 +39,24 @@ PORTABLE_LOCAL_BYTES = 32768  # local memory every OpenCL device (full profile) 
 class Grid:
     kind: ClassVar[str] = "grid"
     local: int = GROUP
+    vector: int = 1  # 4: serial reductions read their contiguous float32 operands 4 at a time (vector.py)
 
     def describe(self) -> str:
-        return f"grid: an output element per work-item, work-groups of {self.local}"
+        return f"grid: an output element per work-item, work-groups of {self.local}{_vector_words(self.vector)}"
 
 
 @dataclass(frozen=True)
 class Rows:
     kind: ClassVar[str] = "rows"
     local: int = GROUP  # a power of two (the local-memory reduction halves it)
+    vector: int = 1  # as Grid's: each work-item's share of a row value in runs of 4, read as vectors
 
     def describe(self) -> str:
-        return f"rows: a work-group of {self.local} per row, row values reduced in local memory"
+        return f"rows: a work-group of {self.local} per row, row values reduced in local memory{_vector_words(self.vector)}"
+
+
+def _vector_words(vector: int) -> str:
+    return f", reductions with vector loads of {vector}" if vector > 1 else ""
 
 
 @dataclass(frozen=True)
