@@ -244,6 +244,61 @@ def test_the_search_space_offers_vector_loads_where_the_guard_holds():
     assert all(getattr(s, "vector", 1) == 1 for s in found["matvec"] | found["ragged"] if not isinstance(s, Grid))
 
 
+# -- reductions split across work-groups (split.py) ------------------------------------------------------
+from luminar.backends.opencl.schedules import Split  # noqa: E402
+
+
+def _long_reductions(g):
+    """A sum of 70,001 values to a scalar, and a max over a symbolic length to 4 outputs (an epilogue)."""
+    a = g.tensor("a", (70_001,))
+    (a * a + 1.0).sum().output("s")
+    (g.tensor("x", (4, "n")).amax(-1) * 2.0).output("m")
+
+
+def test_a_long_reduction_to_few_outputs_is_split_across_work_groups():
+    """The default for a long reduction to few outputs: right against numpy at lengths below and
+    above what the work-items cover in one pass, each call from zeroed counters (a second call's
+    new inputs give the new sums), deterministic (the same inputs, the same bits)."""
+    g = lm.Graph()
+    _long_reductions(g)
+    program = g.compile("opencl")
+    assert [type(s) for call, _ in program._calls for s in call.schedules] == [Split, Split]
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(70_001).astype(np.float32)
+    for n, scale in ((70_003, 1.0), (5, 2.0), (70_003, 1.0)):
+        x = rng.standard_normal((4, n)).astype(np.float32)
+        out = program(a=a * scale, x=x)
+        want = ((a * scale).astype(np.float64) ** 2 + 1).sum()
+        assert abs(out["s"] - want) <= 1e-5 * want
+        np.testing.assert_array_equal(out["m"], x.max(-1) * 2)
+    assert program(a=a, x=x)["s"] == out["s"]  # deterministic
+
+
+def test_every_split_form_matches_the_plain_form():
+    """Strided shares and contiguous runs, one work-group or many, more work-items than steps."""
+    program, _ = _kernel(_long_reductions)
+    kernel = program.kernels[0]
+    forms = [Split(), Split(1, 32), Split(7, 64), Split(16, 256, True), Split(3, 32, True), Split(1024, 128, True)]
+    assert Bench(program, kernel, forms, {"n": 70_003}, seed=4).validate() == [True] * len(forms)
+
+
+def test_the_search_space_splits_the_reduction_both_ways():
+    """The nests the search samples for a split kernel map to Split forms with strided shares
+    and with contiguous runs; a kernel with many outputs keeps the other forms."""
+    from luminar.backends.opencl.target import OPENCL
+    from luminar.compiler import search
+    program, _ = _kernel(_long_reductions)
+    kernel = program.kernels[0]
+    sp = OPENCL.space(kernel, {})
+    nests = search.sample(search.saturate(OPENCL, sp), 200, 0, OPENCL.viable(kernel, sp),
+                          lambda nest: OPENCL.to_schedule(nest, kernel, sp) is not None)
+    found = {OPENCL.to_schedule(n, kernel, sp) for n in nests}
+    assert all(isinstance(s, Split) for s in found) and {s.runs for s in found} == {False, True}
+    assert len({(s.groups, s.local) for s in found}) > 4
+    _, matmul = _kernel(_matmul)
+    assert not isinstance(OPENCL.default_schedule(matmul), Split) and OPENCL.space(matmul, {}).naive[-1].dim == "r"
+
+
 # -- the online-softmax (flash) attention form ---------------------------------------------------------
 from test_fusion import attention_graph, attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
 from luminar.backends.opencl.schedules import Online  # noqa: E402

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...compiler.kernels import loads
+from ...compiler.kernels import loads, numel
 from ...compiler.target import time_interleaved
 from .device import device, opencl
 from .dialect import OPENCL
 from .render import launch, render_kernel, render_sampled
+from .schedules import Split
 
 RTOL = 1e-3  # a candidate's output must match the plain form's within this (relative to the output's scale)
 SAMPLE_S = 0.002  # a timing sample repeats the call until it lasts about this long
@@ -50,10 +51,10 @@ class Kernels:
         for b, a in arrays.items():
             if a.nbytes:
                 cl.enqueue_copy(self.dev.queue, self.buffers[b], a)
-        self.calls = []
+        self.calls, self.scratch_buffers = [], []
         for name, kernel, schedule in sources:
             function = cl.Kernel(self.built, name)
-            function.set_args(*self.args(kernel))
+            function.set_args(*self.args(kernel), *self.scratch(kernel, schedule))
             self.calls.append((function, launch(kernel, schedule, env)))
 
     def args(self, kernel) -> list:
@@ -61,6 +62,16 @@ class Kernels:
         used = sorted({ld.buffer for ld in loads(kernel.value)} | {kernel.out})
         return [x for b in used for x in (self.buffers[b], np.int64(0))] + \
             [np.int64(self.env[d]) for d in self.program.dims]
+
+    def scratch(self, kernel, schedule) -> list:
+        """A split form's scratch arguments: its own zero-filled buffer at offset 0 (split.py)."""
+        if not isinstance(schedule, Split):
+            return []
+        words = np.zeros(schedule.scratch(numel(kernel.shape).value), np.int32)
+        buffer = self.dev.allocate(words.nbytes)
+        opencl().enqueue_copy(self.dev.queue, buffer, words)
+        self.scratch_buffers.append(buffer)  # (kept alive here: a kernel argument holds no reference)
+        return [buffer, np.int64(0)]
 
     def run(self, k: int) -> None:
         function, sizes = self.calls[k]

@@ -51,6 +51,7 @@ class Device:
         self.queue = cl.CommandQueue(self.context)
         self.max_group = device.max_work_group_size
         self.local_bytes = device.local_mem_size
+        self.is_cpu = bool(device.type & cl.device_type.CPU)  # (PoCL here: some forms' defaults differ, see split.py)
         self.options = [o for o in BUILD_OPTIONS if self._supports_exact_divide()]
         self.caches_builds = "Portable Computing Language" in device.platform.name  # PoCL: see the module's doc
 

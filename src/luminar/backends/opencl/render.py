@@ -24,7 +24,7 @@ from ...compiler.kernels import (Apply, Const, Gather, IndexValue, Kernel, Kerne
 from ...ops import PRIMITIVES
 from ...symbolic import Var, sym
 from .dialect import OPENCL, Dialect
-from .schedules import Grid, Online, Rows, Schedule, Tiled, default_schedule, hoisted_rows
+from .schedules import Grid, Online, Rows, Schedule, Split, Tiled, default_schedule, hoisted_rows
 from .vector import LANE_NAMES, LANES, vector_loads
 
 
@@ -372,6 +372,13 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
         if plan is None or plan.i is None:
             raise ValueError(f"{kernel.name}: the tiled form needs a reduction with row x column structure")
         lines += render_tiled(program, kernel, plan, schedule, dialect)
+    elif isinstance(schedule, Split):
+        from .split import applies, render_split, scratch_params
+        if not applies(kernel) or schedule.local & (schedule.local - 1):
+            raise ValueError(f"{kernel.name}: the split form needs one long reduction, few outputs and a "
+                             "power-of-two work-group")
+        lines[0] = lines[0].replace(") {", f", {scratch_params(dialect)}) {{")
+        lines += render_split(program, kernel, schedule, dialect)
     elif isinstance(schedule, Rows):
         if not hoisted_rows(kernel) or schedule.local & (schedule.local - 1):
             raise ValueError(f"{kernel.name}: the rows form needs row values and a power-of-two work-group")
@@ -389,6 +396,9 @@ def launch(kernel: Kernel, schedule: Schedule, env: dict) -> tuple[tuple, tuple]
     if isinstance(schedule, Online):
         from .online import launch_online
         return launch_online(kernel, schedule, value)
+    if isinstance(schedule, Split):
+        from .split import launch_split
+        return launch_split(kernel, schedule)
     if isinstance(schedule, Tiled):
         bi, bj = schedule.block
         rows, cols, batch = value(kernel.shape[-2]), value(kernel.shape[-1]), value(numel(kernel.shape[:-2]))
@@ -415,6 +425,7 @@ class Call(NamedTuple):
     # tile of 16 rows computing one wastes 15/16 of its work-items, and on PoCL an element per work-item
     # measured 2.5x faster for a SmolLM2 decode step
     by_rows: bool = False
+    scratch: int = 0  # 4-byte words of zero-initialized device scratch the call's split forms take (split.py)
 
     def pick(self, env: dict, bucket: int) -> int:
         """Which schedule (and function) runs a call with these dims; `bucket`: search.nearest_bucket's."""
@@ -446,5 +457,6 @@ def render_program(program: KernelProgram, chosen: dict | None = None, dialect: 
                 parts.append(render_kernel(view, canon, schedule, dialect, functions[key]))
             names.append(functions[key])
         used = sorted({ld.buffer for ld in loads(canon.value)} | {canon.out})
-        calls.append(Call(kernel, [ids[b] for b in used], names, picked, by_rows))
+        scratch = max((s.scratch(numel(kernel.shape).value) for s in picked if isinstance(s, Split)), default=0)
+        calls.append(Call(kernel, [ids[b] for b in used], names, picked, by_rows, scratch))
     return "\n\n".join(parts) + "\n", calls

@@ -15,6 +15,9 @@ A kernel's output is mapped onto a grid of work-groups of work-items:
            covers (wi*ri) x (wj*rj) outputs; with `local` the row and panel operands of `kt`
            reduction steps are staged in local memory by the whole work-group (barriers around),
            else each work-item computes its own.
+- `Split`  a long reduction to few outputs split across work-groups (split.py): each output's
+           `groups` work-groups of `local` work-items reduce strided shares, store partials, and
+           the last to finish combines them (the OpenCL target's default where it applies).
 - `Online` an online-softmax (flash) attention kernel (compiler/online.py, rendered by
            online.py): a work-group per block of `rows` query rows, `lanes` work-items per row,
            keys and values staged `keys` at a time in local memory; the scores never leave it.
@@ -105,8 +108,28 @@ class Online:
                 f"{self.keys} keys staged in local memory at a time")
 
 
-Schedule = Grid | Rows | Tiled | Online
-KINDS = {cls.kind: cls for cls in (Grid, Rows, Tiled, Online)}
+@dataclass(frozen=True)
+class Split:
+    kind: ClassVar[str] = "split"
+    groups: int = 64  # work-groups per output
+    local: int = 64  # work-items per work-group: a power of two (the local-memory reduction halves it)
+    # True: each work-item reduces one contiguous run of the reduction (a CPU device: its cache
+    # lines stay with one work-item); False: consecutive work-items read consecutive elements (a
+    # GPU: coalesced reads)
+    runs: bool = False
+
+    def scratch(self, outputs: int) -> int:
+        """4-byte words of device scratch a call needs: a counter per output, then the partials."""
+        return outputs * (1 + self.groups)
+
+    def describe(self) -> str:
+        shares = "a contiguous run per work-item" if self.runs else "strided shares"
+        return (f"split: each output's reduction over {self.groups} work-groups of {self.local} ({shares}), "
+                "the partials combined in order by the last work-group")
+
+
+Schedule = Grid | Rows | Tiled | Online | Split
+KINDS = {cls.kind: cls for cls in (Grid, Rows, Tiled, Online, Split)}
 
 
 def to_json(schedule: Schedule) -> dict:

@@ -6,6 +6,7 @@ down to ``body()``, and the ``pack`` mark, PACK); here the loop kinds mean
   "s"     a serial loop (inside a work-item)          "grid"  across work-groups
   "item"  across the work-items of a work-group       "reg"   a register tile, unrolled per work-item
   "vload4" an item loop whose work-items read their reductions' contiguous operands 4 at a time
+  "run"   (the reduction r of a Split, split.py, under its grid loop) work-items each reducing a contiguous run
 
 and ``pack`` stages operands in local memory. Facts about a kernel (work-group extents per dim,
 register-tile factors, staged reduction depths, which dims are batch dims) guard small rewrite
@@ -37,7 +38,7 @@ TILE_GROUPS = {"i": (4, 8, 16), "j": (4, 8, 16, 32)}  # work-items along the row
 REGISTERS = (2, 4)  # outputs per work-item along a tile's dim
 STAGED = (8, 16, 32)  # reduction steps staged in local memory at a time
 ONLINE_FORMS = (Online(16, 32, 4), Online(16, 32, 8), Online(32, 32, 4), Online(8, 64, 8), Online(16, 64, 16))
-RANK = {"s": 0, "grid": 1, "item": 2, "vload4": 2, "block": 3, "pack": 4, "point": 5, "reg": 6}  # a nest's order, outer to inner
+RANK = {"s": 0, "grid": 1, "item": 2, "vload4": 2, "run": 2, "block": 3, "pack": 4, "point": 5, "reg": 6}  # a nest's order, outer to inner
 
 
 def space(kernel: Kernel, env: dict, max_group: int) -> Space | None:
@@ -119,7 +120,7 @@ def viable(kernel: Kernel, sp: Space):
         kinds = {(it.dim, it.kind) for it in prefix if it != PACK}
         if (item.dim, item.kind) in kinds and item.kind != "s":
             return False
-        if item.kind in ("item", "vload4"):
+        if item.kind in ("item", "vload4", "run"):
             return (item.dim, "grid") in kinds
         if item.kind == "reg":
             return (item.dim, "item") in kinds
