@@ -165,8 +165,8 @@ def test_a_variant_that_computes_something_else_fails_against_the_plain_body(mon
     from luminar.backends.opencl import bench as bench_module
     render = bench_module.render_kernel
 
-    def off_by_one(program, kernel, schedule=None, name=None):  # the second variant adds 1 to every output
-        source = render(program, kernel, schedule, name=name)
+    def off_by_one(program, kernel, schedule=None, dialect=None, name=None):  # the second variant adds 1 to every output
+        source = render(program, kernel, schedule, dialect, name)
         return source.replace(f"b{kernel.out}[lm_flat] = ", f"b{kernel.out}[lm_flat] = 1.0f + ") \
             if name == "lm_variant1" else source
     monkeypatch.setattr(bench_module, "render_kernel", off_by_one)
@@ -297,6 +297,36 @@ def test_the_search_space_splits_the_reduction_both_ways():
     assert len({(s.groups, s.local) for s in found}) > 4
     _, matmul = _kernel(_matmul)
     assert not isinstance(OPENCL.default_schedule(matmul), Split) and OPENCL.space(matmul, {}).naive[-1].dim == "r"
+
+
+# -- sub-group reductions (where the device has sub-group shuffles) ----------------------------------------
+def test_sub_group_shuffles_are_used_only_where_the_device_reports_them():
+    """The dialect gets sub-group spellings from the device's extensions (Khronos' shuffles with
+    sub-groups, or Intel's), else none; then the search space offers no sub-group form and the
+    renderer refuses one. (PoCL on this machine reports none: the form is checked through the
+    CUDA dialect's warp shuffles, tests/test_cuda.py.)"""
+    from luminar.backends.opencl.dialect import OPENCL, opencl_dialect
+    from luminar.backends.opencl.target import OPENCL as TARGET
+    from luminar.compiler import search
+    khr = opencl_dialect({"cl_khr_subgroups", "cl_khr_subgroup_shuffle"}, set())
+    assert khr.subgroups.shuffle_xor.startswith("sub_group_shuffle_xor") and "cl_khr_subgroup_shuffle" in khr.prelude
+    assert opencl_dialect({"cl_khr_subgroup_shuffle"}, {"__opencl_c_subgroups"}).subgroups == khr.subgroups
+    assert opencl_dialect({"cl_intel_subgroups"}, set()).subgroups.shuffle_xor.startswith("intel_sub_group_shuffle_xor")
+    assert opencl_dialect({"cl_khr_subgroups"}, set()) is OPENCL  # sub-groups without shuffles: not used
+    program, kernel = _kernel(lambda g: g.tensor("x", (6, 300)).softmax(-1).output("y"))
+    assert "sub_group_shuffle_xor" in render_kernel(program, kernel, Rows(64, subgroups=True), khr)
+    with pytest.raises(ValueError, match="sub-group shuffles"):
+        render_kernel(program, kernel, Rows(64, subgroups=True), OPENCL)
+    extensions = set(DEVICE.device.extensions.split())
+    if DEVICE.dialect.subgroups is None:
+        assert not {"cl_khr_subgroup_shuffle", "cl_intel_subgroups"} & extensions
+        sp = TARGET.space(kernel, {})
+        nests = search.sample(search.saturate(TARGET, sp), 200, 0, TARGET.viable(kernel, sp),
+                              lambda nest: TARGET.to_schedule(nest, kernel, sp) is not None)
+        found = {TARGET.to_schedule(n, kernel, sp) for n in nests}
+        assert found and not any(getattr(s, "subgroups", False) for s in found)
+    else:  # a device with shuffles: the form runs and matches the plain one
+        assert Bench(program, kernel, [Rows(64), Rows(64, subgroups=True)], {}, seed=1).validate() == [True, True]
 
 
 # -- the online-softmax (flash) attention form ---------------------------------------------------------

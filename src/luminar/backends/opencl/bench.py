@@ -14,7 +14,6 @@ import numpy as np
 from ...compiler.kernels import loads, numel
 from ...compiler.target import time_interleaved
 from .device import device, opencl
-from .dialect import OPENCL
 from .render import launch, render_kernel, render_sampled
 from .schedules import Split
 
@@ -44,7 +43,8 @@ class Kernels:
     def __init__(self, program, arrays: dict, env: dict, sources: list, extra: str = ""):
         """`sources`: (function name, kernel, schedule) rendered into one program, after `extra`."""
         cl, self.dev = opencl(), device()
-        text = "\n\n".join([OPENCL.prelude, extra] + [render_kernel(program, k, s, name=n) for n, k, s in sources])
+        dialect = self.dev.dialect  # (OPENCL, with sub-group shuffles where the device has them)
+        text = "\n\n".join([dialect.prelude, extra] + [render_kernel(program, k, s, dialect, n) for n, k, s in sources])
         self.built = self.dev.build(text)
         self.program, self.env, self.arrays = program, env, arrays
         self.buffers = {b: self.dev.allocate(a.nbytes) for b, a in arrays.items()}
@@ -98,7 +98,7 @@ class Bench:
         self.arrays = random_buffers(program, reads, env, seed)
         self.arrays[kernel.out] = np.zeros(int(program.buffers[kernel.out].numel.evaluate(env)), np.float32)
         sources = [(f"lm_variant{k}", kernel, s) for k, s in enumerate(self.schedules)]
-        self.kernels = Kernels(program, self.arrays, env, sources, render_sampled(program, kernel, OPENCL, "lm_plain"))
+        self.kernels = Kernels(program, self.arrays, env, sources, render_sampled(program, kernel, device().dialect, "lm_plain"))
 
     def output(self, k: int) -> np.ndarray | None:
         """Variant k's output, or None when the device refuses to run it (too many registers or

@@ -8,7 +8,22 @@ extern "C" __global__).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SubGroups:
+    """Sub-groups (OpenCL) or warps (CUDA): work-items of a work-group that exchange registers
+    without local memory. Each field spells an int expression (`lm_lid` is the work-item's index
+    in a 1-D work-group), `shuffle_xor` format(value, mask) is the value of the sub-group's work-item
+    whose lane is this one's xor mask; `pragma` what a program using them starts with."""
+    size: str  # work-items in this work-item's sub-group
+    id: str  # the sub-group's index in the work-group
+    lane: str  # the work-item's index in its sub-group
+    count: str  # sub-groups in the work-group
+    shuffle_xor: str
+    pragma: str = ""
 
 
 @dataclass(frozen=True)
@@ -35,6 +50,7 @@ class Dialect:
     # pointer[index .. index + 3] as one (index a multiple of 4, the address 16-byte aligned); "": none
     float4: str = ""
     load4: str = ""
+    subgroups: SubGroups | None = None  # None: the device has no sub-group shuffles (then no form uses them)
 
     def load(self, dtype: str, pointer: str, index: str) -> str:
         return self.loads.get(dtype, "(float){0}[{1}]").format(pointer, index)
@@ -68,3 +84,25 @@ OPENCL = Dialect(
     pow2_mod="lm_fmod_pow2({0}, {1}, {2})",
     float4="float4", load4="vload4(0, {0} + {1})",
 )
+
+# Where the device reports sub-group shuffles (cl_khr_subgroup_shuffle with OpenCL C 3.0's
+# __opencl_c_subgroups or cl_khr_subgroups; or Intel's cl_intel_subgroups), the OpenCL target
+# renders with one of these (device.py picks); PoCL 3.1 on this machine's CPU reports neither.
+_KHR_SUBGROUPS = SubGroups(size="(int)get_sub_group_size()", id="(int)get_sub_group_id()",
+                           lane="(int)get_sub_group_local_id()", count="(int)get_num_sub_groups()",
+                           shuffle_xor="sub_group_shuffle_xor({0}, (uint)({1}))",
+                           pragma="#pragma OPENCL EXTENSION cl_khr_subgroups : enable\n"
+                                  "#pragma OPENCL EXTENSION cl_khr_subgroup_shuffle : enable\n")
+_INTEL_SUBGROUPS = dataclasses.replace(_KHR_SUBGROUPS, shuffle_xor="intel_sub_group_shuffle_xor({0}, (uint)({1}))",
+                                       pragma="#pragma OPENCL EXTENSION cl_intel_subgroups : enable\n")
+
+
+def opencl_dialect(extensions: set[str], features: set[str]) -> Dialect:
+    """OPENCL, with sub-group shuffles where the device reports them."""
+    if "cl_khr_subgroup_shuffle" in extensions and ("cl_khr_subgroups" in extensions or "__opencl_c_subgroups" in features):
+        found = _KHR_SUBGROUPS
+    elif "cl_intel_subgroups" in extensions:
+        found = _INTEL_SUBGROUPS
+    else:
+        return OPENCL
+    return dataclasses.replace(OPENCL, subgroups=found, prelude=found.pragma + OPENCL.prelude)

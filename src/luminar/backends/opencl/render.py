@@ -248,17 +248,31 @@ def render_rows(program, kernel, schedule: Rows, d: Dialect) -> list[str]:
             value = em.block(red.body)
             em.lines += [f"        {acc} = {prim.c.format(acc, value)};", "    }"]
         total = em.fresh("row")
-        em.lines += [f"    lm_part[lm_lid] = {acc};", f"    {d.barrier}",
-                     f"    for (int lm_s = {size // 2}; lm_s > 0; lm_s >>= 1) {{",
-                     f"        if (lm_lid < lm_s) lm_part[lm_lid] = {prim.c.format('lm_part[lm_lid]', 'lm_part[lm_lid + lm_s]')};",
-                     f"        {d.barrier}", "    }",
-                     f"    const float {total} = lm_part[0];", f"    {d.barrier}"]
+        em.lines += subgroup_combine(prim, acc, d) if schedule.subgroups else [
+            f"    lm_part[lm_lid] = {acc};", f"    {d.barrier}",
+            f"    for (int lm_s = {size // 2}; lm_s > 0; lm_s >>= 1) {{",
+            f"        if (lm_lid < lm_s) lm_part[lm_lid] = {prim.c.format('lm_part[lm_lid]', 'lm_part[lm_lid + lm_s]')};",
+            f"        {d.barrier}", "    }"]
+        em.lines += [f"    const float {total} = lm_part[0];", f"    {d.barrier}"]
         em.names[red] = total
     em.lines.append(f"    for ({d.index} {inner.name} = lm_lid; {inner.name} < {kernel.shape[-1].render_c()}; "
                     f"{inner.name} += {size}) {{")
     value = em.block(kernel.value)
     em.lines += [f"        b{kernel.out}[lm_row * ({kernel.shape[-1].render_c()}) + {inner.name}] = {value};", "    }"]
     return lines + em.lines
+
+
+def subgroup_combine(prim, acc: str, d: Dialect) -> list[str]:
+    """Combine every work-item's `acc` into lm_part[0]: within each sub-group by shuffles (a
+    butterfly: after it every lane holds its sub-group's value), then the sub-groups' values in
+    order by work-item 0 (deterministic; a work-group has a few sub-groups)."""
+    sg, other = d.subgroups, "lm_other"
+    return [f"    for (int lm_o = {sg.size} / 2; lm_o > 0; lm_o >>= 1) {{",
+            f"        const float {other} = {sg.shuffle_xor.format(acc, 'lm_o')};  /* (every lane shuffles: not inside ?:) */",
+            f"        {acc} = {prim.c.format(acc, other)};", "    }",
+            f"    if ({sg.lane} == 0) lm_part[{sg.id}] = {acc};", f"    {d.barrier}",
+            f"    if (lm_lid == 0) for (int lm_g = 1; lm_g < {sg.count}; lm_g++) "
+            f"lm_part[0] = {prim.c.format('lm_part[0]', 'lm_part[lm_g]')};", f"    {d.barrier}"]
 
 
 def render_tiled(program, kernel, plan: TilePlan, s: Tiled, d: Dialect) -> list[str]:
@@ -382,6 +396,9 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
     elif isinstance(schedule, Rows):
         if not hoisted_rows(kernel) or schedule.local & (schedule.local - 1):
             raise ValueError(f"{kernel.name}: the rows form needs row values and a power-of-two work-group")
+        if schedule.subgroups and (dialect.subgroups is None or schedule.local < 32):
+            raise ValueError(f"{kernel.name}: sub-group reductions need a device with sub-group shuffles "
+                             f"({dialect.name} here has none) and work-groups of at least 32")
         lines += render_rows(program, kernel, schedule, dialect)
     elif hasattr(schedule, "render"):  # a form a target defines itself (the cuda target's tensor-core tiles)
         lines += schedule.render(program, kernel, dialect)

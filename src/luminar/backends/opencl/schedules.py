@@ -53,9 +53,11 @@ class Rows:
     kind: ClassVar[str] = "rows"
     local: int = GROUP  # a power of two (the local-memory reduction halves it)
     vector: int = 1  # as Grid's: each work-item's share of a row value in runs of 4, read as vectors
+    subgroups: bool = False  # combine across each sub-group by shuffles first (render.subgroup_combine)
 
     def describe(self) -> str:
-        return f"rows: a work-group of {self.local} per row, row values reduced in local memory{_vector_words(self.vector)}"
+        where = "by sub-group shuffles, then local memory" if self.subgroups else "in local memory"
+        return f"rows: a work-group of {self.local} per row, row values reduced {where}{_vector_words(self.vector)}"
 
 
 def _vector_words(vector: int) -> str:

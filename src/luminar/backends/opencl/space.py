@@ -7,13 +7,15 @@ down to ``body()``, and the ``pack`` mark, PACK); here the loop kinds mean
   "item"  across the work-items of a work-group       "reg"   a register tile, unrolled per work-item
   "vload4" an item loop whose work-items read their reductions' contiguous operands 4 at a time
   "run"   (the reduction r of a Split, split.py, under its grid loop) work-items each reducing a contiguous run
+  "shuffle" an item loop whose work-items combine row values by sub-group shuffles (devices that have them)
 
 and ``pack`` stages operands in local memory. Facts about a kernel (work-group extents per dim,
 register-tile factors, staged reduction depths, which dims are batch dims) guard small rewrite
 rules, run in stages:
 
   map       split a loop into work-groups of f work-items (grid over item); batch dims go to the grid
-  vector    the innermost dim's item loop reads with vector loads (where vector.py's guard holds)
+  vector    the innermost dim's item loop reads with vector loads (where vector.py's guard holds), or
+            combines by sub-group shuffles (a Rows kernel, on a device with them)
   stage     block the reduction by kt steps, staged in local memory (pack) below the block loop
   register  give each work-item g outputs of an item loop (a register tile)
   order     grid loops move out of item loops; register loops sink below the reduction (the
@@ -38,12 +40,14 @@ TILE_GROUPS = {"i": (4, 8, 16), "j": (4, 8, 16, 32)}  # work-items along the row
 REGISTERS = (2, 4)  # outputs per work-item along a tile's dim
 STAGED = (8, 16, 32)  # reduction steps staged in local memory at a time
 ONLINE_FORMS = (Online(16, 32, 4), Online(16, 32, 8), Online(32, 32, 4), Online(8, 64, 8), Online(16, 64, 16))
-RANK = {"s": 0, "grid": 1, "item": 2, "vload4": 2, "run": 2, "block": 3, "pack": 4, "point": 5, "reg": 6}  # a nest's order, outer to inner
+RANK = {"s": 0, "grid": 1, "item": 2, "vload4": 2, "run": 2, "shuffle": 2, "block": 3, "pack": 4, "point": 5, "reg": 6}
+ITEMS = ("item", "vload4", "shuffle")  # the kinds of a flat form's work-items loop  # a nest's order, outer to inner
 
 
-def space(kernel: Kernel, env: dict, max_group: int) -> Space | None:
+def space(kernel: Kernel, env: dict, max_group: int, subgroups: bool = False) -> Space | None:
     """The naive nest (a loop per output dim, then the reduction "r" when there is exactly one)
-    and the facts guarding the rules; None for a scalar output (nothing to map)."""
+    and the facts guarding the rules; None for a scalar output (nothing to map). `subgroups`:
+    the device has sub-group shuffles (the Rows form may combine with them)."""
     if not kernel.shape:
         return None
     names = [v.name for v in kernel.loop_vars]
@@ -56,6 +60,7 @@ def space(kernel: Kernel, env: dict, max_group: int) -> Space | None:
         facts.append(("extent", "r", nest[-1].span))
     facts += [("group", names[-1], f) for f in FLAT_GROUPS if f <= max_group]
     facts += [("vector", names[-1])] if vectorizable(kernel) else []
+    facts += [("subgroups", names[-1])] if subgroups and hoisted_rows(kernel) else []
     if plan is not None and plan.i is not None:
         i, j = names[-2], names[-1]
         facts += [("group", i, f) for f in TILE_GROUPS["i"]] + [("group", j, f) for f in TILE_GROUPS["j"]]
@@ -71,7 +76,8 @@ def rules(language):
     Nest = language.Nest
     fact = {"extent": relation("gpu_extent", String, i64), "group": relation("gpu_group", String, i64),
             "reg": relation("gpu_reg", String, i64), "stage": relation("gpu_stage", i64),
-            "batch": relation("gpu_batch", String), "vector": relation("gpu_vector", String)}
+            "batch": relation("gpu_batch", String), "vector": relation("gpu_vector", String),
+            "subgroups": relation("gpu_subgroups", String)}
     d, e, k = vars_("d e k", String)
     sp, st, sp2, st2, f = vars_("sp st sp2 st2 f", i64)
     x = var("x", Nest)
@@ -80,7 +86,8 @@ def rules(language):
         rewrite(L(d, sp, 1, "s", x)).to(L(d, sp, f, "grid", L(d, f, 1, "item", x)), fact["group"](d, f)),
         rewrite(L(d, sp, 1, "s", x)).to(L(d, sp, 1, "grid", x), fact["batch"](d)),
         name="gpu_map")
-    vector = ruleset(rewrite(L(d, sp, 1, "item", x)).to(L(d, sp, 1, "vload4", x), fact["vector"](d)), name="gpu_vector")
+    vector = ruleset(rewrite(L(d, sp, 1, "item", x)).to(L(d, sp, 1, "vload4", x), fact["vector"](d)),
+                     rewrite(L(d, sp, 1, "item", x)).to(L(d, sp, 1, "shuffle", x), fact["subgroups"](d)), name="gpu_vector")
     stage = ruleset(
         rewrite(L("r", sp, 1, "s", x)).to(L("r", sp, f, "s", Nest.mark(PACK.what, L("r", f, 1, "s", x))),
                                           fact["stage"](f), fact["extent"]("r", sp)),
@@ -120,7 +127,7 @@ def viable(kernel: Kernel, sp: Space):
         kinds = {(it.dim, it.kind) for it in prefix if it != PACK}
         if (item.dim, item.kind) in kinds and item.kind != "s":
             return False
-        if item.kind in ("item", "vload4", "run"):
+        if item.kind in (*ITEMS, "run"):
             return (item.dim, "grid") in kinds
         if item.kind == "reg":
             return (item.dim, "item") in kinds
@@ -149,8 +156,9 @@ def to_schedule(nest: tuple, kernel: Kernel, max_group: int, local_bytes: int):
     """The form a nest describes, or None when it is none of them or the device cannot run it."""
     _, names, operands, rows_form = _shape(kernel)
     loops = [it for it in nest if it != PACK]
-    items = {it.dim: it for it in loops if it.kind in ("item", "vload4")}
+    items = {it.dim: it for it in loops if it.kind in ITEMS}
     lanes = LANES if any(it.kind == "vload4" for it in loops) else 1
+    shuffles = any(it.kind == "shuffle" for it in loops)
     regs = {it.dim: it.span for it in loops if it.kind == "reg"}
     blocks = [it for it in loops if it.dim == "r" and it.step > 1]
     serial = [it.dim for it in loops if it.kind == "s" and it.dim != "r"]
@@ -158,11 +166,12 @@ def to_schedule(nest: tuple, kernel: Kernel, max_group: int, local_bytes: int):
     if set(items) == {names[-1]} and not regs and not packed and not blocks:
         size = items[names[-1]].span
         if rows_form:
-            return Rows(size, lanes) if size & (size - 1) == 0 else None
-        return Grid(size, lanes)
+            return Rows(size, lanes, shuffles) if size & (size - 1) == 0 and (size >= 32 or not shuffles) else None
+        return None if shuffles else Grid(size, lanes)
     i, j = names[-2:] if len(names) > 1 else (None, names[-1])
     # (batch dims run across work-groups whether the nest maps them to the grid or leaves them serial)
-    if operands is None or set(items) != {i, j} or {i, j} & set(serial) or packed != bool(blocks) or lanes > 1:
+    if operands is None or set(items) != {i, j} or {i, j} & set(serial) or packed != bool(blocks) or lanes > 1 \
+            or shuffles:
         return None
     tiled = Tiled(wi=items[i].span, wj=items[j].span, ri=regs.get(i, 1), rj=regs.get(j, 1),
                   kt=blocks[0].step if blocks else Tiled.kt, local=packed)
@@ -176,7 +185,7 @@ def family(schedule) -> tuple:
     work-group size) with or without vector loads."""
     if isinstance(schedule, Tiled):
         return (schedule.kind, schedule.ri, schedule.rj, schedule.local)
-    return (schedule.kind, getattr(schedule, "vector", 1))
+    return (schedule.kind, getattr(schedule, "vector", 1), getattr(schedule, "subgroups", False))
 
 
 RATE, BANDWIDTH, LOCAL_BANDWIDTH = 50e9, 100e9, 400e9  # arithmetic/s, device and local memory bytes/s (rough)

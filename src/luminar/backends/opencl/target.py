@@ -44,8 +44,10 @@ class OpenCLTarget(Target):
         return {**facts, **split_facts}, [*stages, split_stage]
 
     def space(self, kernel, env: dict):
-        max_group = device().max_group
-        return split.split_space(kernel, env, max_group) if split.applies(kernel) else space.space(kernel, env, max_group)
+        dev = device()
+        if split.applies(kernel):
+            return split.split_space(kernel, env, dev.max_group)
+        return space.space(kernel, env, dev.max_group, subgroups=dev.dialect.subgroups is not None)
 
     def to_schedule(self, nest: tuple, kernel, sp=None):
         dev = device()
@@ -66,7 +68,7 @@ class OpenCLTarget(Target):
     def build(self, program, chosen: dict) -> Built:
         split_defaults = {k.name: self.default_schedule(k) for k in program.kernels if split.applies(k)}  # (render_program
         # gives the others the shared rules' schedules)
-        source, calls = render_program(program, {**split_defaults, **chosen})
+        source, calls = render_program(program, {**split_defaults, **chosen}, device().dialect)
         return Built(source, device().build(source), calls)
 
     def machine(self) -> str:
