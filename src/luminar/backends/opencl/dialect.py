@@ -2,9 +2,10 @@
 
 The renderer (render.py) writes kernels against this table only: work-item and work-group
 indices, memory spaces, the barrier, the kernel qualifier, the integer type of index math, the
-storage types, vector loads and the math helpers. The OpenCL target uses `OPENCL`; a CUDA target renders the
-same kernel forms with a table of its own (threadIdx/blockIdx, __shared__, __syncthreads(),
-extern "C" __global__).
+storage types, vector loads, sub-group shuffles and the math helpers. The OpenCL target uses
+`OPENCL` (with sub-group shuffles where the device reports them: `opencl_dialect`); a CUDA
+target renders the same kernel forms with a table of its own (threadIdx/blockIdx, __shared__,
+__syncthreads(), extern "C" __global__, float4 casts, warp shuffles).
 """
 from __future__ import annotations
 

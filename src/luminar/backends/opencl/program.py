@@ -4,7 +4,9 @@ compiler/pipeline.py does everything up to a built program; an OpenCLProgram kee
 needs: the kernels' functions, memory plans per dim bucket (compiler/memory.py) placing every
 temporary in one device arena, and device buffers for inputs and outputs. A call copies its
 inputs to the device, enqueues every kernel in order on one in-order queue (symbolic dims are
-kernel arguments: a new sequence length needs no rebuild), and copies the outputs back.
+kernel arguments: a new sequence length needs no rebuild), and copies the outputs back. A call
+of a split reduction (split.py) also gets its own range of one zero-filled scratch buffer, kept
+for the program's life.
 
 Device-resident inputs: an input set with `set_inputs` (weights) is copied once and kept while
 it is the same array. The new value of a `Graph.update` input stays on the device (its output

@@ -14,8 +14,8 @@ register-tile factors, staged reduction depths, which dims are batch dims) guard
 rules, run in stages:
 
   map       split a loop into work-groups of f work-items (grid over item); batch dims go to the grid
-  vector    the innermost dim's item loop reads with vector loads (where vector.py's guard holds), or
-            combines by sub-group shuffles (a Rows kernel, on a device with them)
+  item kinds the innermost dim's item loop reads with vector loads (where vector.py's guard holds),
+            or combines by sub-group shuffles (a Rows kernel, on a device with them)
   stage     block the reduction by kt steps, staged in local memory (pack) below the block loop
   register  give each work-item g outputs of an item loop (a register tile)
   order     grid loops move out of item loops; register loops sink below the reduction (the
@@ -40,8 +40,9 @@ TILE_GROUPS = {"i": (4, 8, 16), "j": (4, 8, 16, 32)}  # work-items along the row
 REGISTERS = (2, 4)  # outputs per work-item along a tile's dim
 STAGED = (8, 16, 32)  # reduction steps staged in local memory at a time
 ONLINE_FORMS = (Online(16, 32, 4), Online(16, 32, 8), Online(32, 32, 4), Online(8, 64, 8), Online(16, 64, 16))
+# a nest's order, outer to inner
 RANK = {"s": 0, "grid": 1, "item": 2, "vload4": 2, "run": 2, "shuffle": 2, "block": 3, "pack": 4, "point": 5, "reg": 6}
-ITEMS = ("item", "vload4", "shuffle")  # the kinds of a flat form's work-items loop  # a nest's order, outer to inner
+ITEMS = ("item", "vload4", "shuffle")  # the kinds of a flat form's work-items loop
 
 
 def space(kernel: Kernel, env: dict, max_group: int, subgroups: bool = False) -> Space | None:
@@ -71,7 +72,7 @@ def space(kernel: Kernel, env: dict, max_group: int, subgroups: bool = False) ->
 
 
 def rules(language):
-    """The fact relations and the staged rulesets (map, vector, stage, register, order)."""
+    """The fact relations and the staged rulesets (map, item kinds, stage, register, order)."""
     from egglog import String, i64, ne, relation, rewrite, ruleset, var, vars_
     Nest = language.Nest
     fact = {"extent": relation("gpu_extent", String, i64), "group": relation("gpu_group", String, i64),
@@ -86,8 +87,9 @@ def rules(language):
         rewrite(L(d, sp, 1, "s", x)).to(L(d, sp, f, "grid", L(d, f, 1, "item", x)), fact["group"](d, f)),
         rewrite(L(d, sp, 1, "s", x)).to(L(d, sp, 1, "grid", x), fact["batch"](d)),
         name="gpu_map")
-    vector = ruleset(rewrite(L(d, sp, 1, "item", x)).to(L(d, sp, 1, "vload4", x), fact["vector"](d)),
-                     rewrite(L(d, sp, 1, "item", x)).to(L(d, sp, 1, "shuffle", x), fact["subgroups"](d)), name="gpu_vector")
+    item_kinds = ruleset(rewrite(L(d, sp, 1, "item", x)).to(L(d, sp, 1, "vload4", x), fact["vector"](d)),
+                         rewrite(L(d, sp, 1, "item", x)).to(L(d, sp, 1, "shuffle", x), fact["subgroups"](d)),
+                         name="gpu_item_kinds")
     stage = ruleset(
         rewrite(L("r", sp, 1, "s", x)).to(L("r", sp, f, "s", Nest.mark(PACK.what, L("r", f, 1, "s", x))),
                                           fact["stage"](f), fact["extent"]("r", sp)),
@@ -102,7 +104,7 @@ def rules(language):
                                                              ne(d).to(e), ne(k).to("reg")),
         rewrite(L(d, sp, 1, "reg", Nest.mark(PACK.what, x))).to(Nest.mark(PACK.what, L(d, sp, 1, "reg", x))),
         name="gpu_order")
-    return fact, [map_, vector, stage, register, order]
+    return fact, [map_, item_kinds, stage, register, order]
 
 
 def _rank(item) -> int:
@@ -182,7 +184,7 @@ def to_schedule(nest: tuple, kernel: Kernel, max_group: int, local_bytes: int):
 
 def family(schedule) -> tuple:
     """Schedules the cost model cannot tell apart: one register tile and staging; a flat form (any
-    work-group size) with or without vector loads."""
+    work-group size) with or without vector loads, with or without sub-group shuffles."""
     if isinstance(schedule, Tiled):
         return (schedule.kind, schedule.ri, schedule.rj, schedule.local)
     return (schedule.kind, getattr(schedule, "vector", 1), getattr(schedule, "subgroups", False))

@@ -3,8 +3,10 @@
 Everything the compiler and the search know about this backend goes through `OpenCLTarget`
 (the interface is compiler/target.py); the pieces live beside it: schedules.py (the kernel
 forms and the default rules), space.py (the schedule space the search explores), dialect.py
-(OpenCL C spellings), render.py (source), bench.py (timing candidates), device.py (the device,
-builds, the disk cache), program.py (the runtime). The device is looked up at first use, so a
+(OpenCL C spellings), render.py (source), vector.py (vector loads), split.py (reductions split
+across work-groups: this target's default for long reductions to few outputs, with its own
+rules in the space), online.py (the flash form), bench.py (timing candidates), device.py (the
+device, builds, the disk cache), program.py (the runtime). The device is looked up at first use, so a
 target exists (and the tests can import it) on a machine without OpenCL.
 """
 from __future__ import annotations
@@ -66,8 +68,8 @@ class OpenCLTarget(Target):
         return space.fused_schedules(kernel, forms, dev.max_group, dev.local_bytes)
 
     def build(self, program, chosen: dict) -> Built:
-        split_defaults = {k.name: self.default_schedule(k) for k in program.kernels if split.applies(k)}  # (render_program
-        # gives the others the shared rules' schedules)
+        # (render_program gives a kernel missing from `chosen` the shared rules' schedule: not a split)
+        split_defaults = {k.name: self.default_schedule(k) for k in program.kernels if split.applies(k)}
         source, calls = render_program(program, {**split_defaults, **chosen}, device().dialect)
         return Built(source, device().build(source), calls)
 
