@@ -4,7 +4,8 @@ Grid gives each output element one work-item and Rows one work-group, so a sum o
 to one scalar would run on one work-item. In the Split form each output gets `groups`
 work-groups of `local` work-items: every work-item reduces a strided share of the reduction
 (consecutive work-items read consecutive elements: a GPU's coalesced reads) or a contiguous run
-of it (`runs`: on a CPU device, as PoCL's, strided shares re-read each cache line), each work-group combines its work-items'
+of it (`runs`: on a CPU device, as PoCL's, strided shares re-read each cache line; the run
+goes into CHAINS interleaved accumulators, as a CPU's add latency bounds one chain), each work-group combines its work-items'
 values in local memory and stores its partial in a scratch buffer, then increments the
 output's counter (atomic_inc on a __global int, OpenCL 1.1); the work-group that sees the last
 count combines the partials, in work-group order, writes the output through the kernel's
@@ -75,15 +76,13 @@ def render_split(program, kernel: Kernel, s: Split, d: Dialect) -> list[str]:
     em.hoist(red.body, r)
     extent, items = red.extent.render_c(), s.groups * s.local
     em.lines.append(f"    float lm_acc = {identity};")
-    if s.runs:  # work-item w reduces [w * run, (w + 1) * run)
-        em.lines += [f"    const {ix} lm_run = ({extent} + {items - 1}) / {items}, "
-                     f"lm_start = (lm_block * {s.local} + lm_lid) * lm_run;",
-                     f"    const {ix} lm_end = min(lm_start + lm_run, ({ix})({extent}));",
-                     f"    for ({ix} {r} = lm_start; {r} < lm_end; {r}++) {{"]
+    if s.runs:
+        em.lines += _run_loop(em, red, s, d)
     else:
         em.lines.append(f"    for ({ix} {r} = lm_block * {s.local} + lm_lid; {r} < {extent}; {r} += {items}) {{")
-    value = em.block(red.body)
-    em.lines += [f"        lm_acc = {prim.c.format('lm_acc', value)};", "    }", "    lm_part[lm_lid] = lm_acc;"]
+        value = em.block(red.body)
+        em.lines += [f"        lm_acc = {prim.c.format('lm_acc', value)};", "    }"]
+    em.lines.append("    lm_part[lm_lid] = lm_acc;")
     em.lines += combine(prim, s.local, d) + [
         "    if (lm_lid == 0) {",
         f"        lm_partials[lm_flat * {s.groups} + lm_block] = lm_part[0];",
@@ -99,6 +98,33 @@ def render_split(program, kernel: Kernel, s: Split, d: Dialect) -> list[str]:
     result = out.emit(kernel.value)
     em.lines += out.lines + [f"        b{kernel.out}[lm_flat] = {result};", "        lm_done[lm_flat] = 0;", "    }"]
     return lines + em.lines
+
+
+CHAINS = 4  # a run's independent accumulators: a CPU's add latency, not its throughput, bounds one chain
+
+
+def _run_loop(em, red, s: Split, d: Dialect) -> list[str]:
+    """Work-item w reduces its run [w * run, (w + 1) * run) into lm_acc: CHAINS interleaved
+    accumulators (step k of each group of CHAINS steps into accumulator k, the tail into the
+    first), then combined into lm_acc in order."""
+    prim, ix, r = PRIMITIVES[red.op], d.index, red.var.name
+    extent, items, identity = red.extent.render_c(), s.groups * s.local, render_float(prim.identity)
+    chains = [f"lm_chain{k}" for k in range(CHAINS)]
+    lines = [f"    const {ix} lm_run = ({extent} + {items - 1}) / {items}, lm_start = (lm_block * {s.local} + lm_lid) * lm_run;",
+             f"    const {ix} lm_end = min(lm_start + lm_run, ({ix})({extent}));",
+             f"    float {', '.join(f'{c} = {identity}' for c in chains)};",
+             f"    {ix} lm_at = lm_start;",
+             f"    for (; lm_at + {CHAINS - 1} < lm_end; lm_at += {CHAINS}) {{"]
+    for k, chain in enumerate(chains):
+        step = em.child("        ")
+        value = step.emit(red.body)
+        lines += ["        {", f"            const {ix} {r} = lm_at + {k};"] + step.lines + \
+            [f"            {chain} = {prim.c.format(chain, value)};", "        }"]
+    tail = em.child()
+    value = tail.emit(red.body)
+    lines += ["    }", f"    for (; lm_at < lm_end; lm_at++) {{", f"        const {ix} {r} = lm_at;"] + tail.lines + \
+        [f"        {chains[0]} = {prim.c.format(chains[0], value)};", "    }"]
+    return lines + [f"    lm_acc = {prim.c.format('lm_acc', chain)};" for chain in chains]
 
 
 def launch_split(kernel: Kernel, s: Split) -> tuple[tuple, tuple]:
