@@ -1,7 +1,7 @@
 """Benchmark the opencl backend's searched schedules against its default ones, and write
 bench/OPENCL.md and bench/opencl.json.
 
-    .venv/bin/python bench/opencl.py            # matmul 1024², softmax 1024 x 4096, attention seq 512
+    .venv/bin/python bench/opencl.py            # matmul 1024², softmax 1024 x 4096, attention seq 512, sum 16M
     .venv/bin/python bench/opencl.py --quick    # smaller sizes
 
 On the project machines the OpenCL device is the CPU, through PoCL: a correctness vehicle for
@@ -14,7 +14,11 @@ interleaved in the same run) are quoted. Cases:
   memory) vs the searched work-group size;
 - naive causal attention (softmax(q k^T / sqrt(d) + mask) v, 8 heads, head_dim 64): its three
   kernels with default schedules vs the searched program, where the search times the online-softmax
-  (flash) GPU kernel against the three kernels and keeps it when faster.
+  (flash) GPU kernel against the three kernels with their searched schedules and keeps whichever
+  is faster; the peer "searched, unfused" (the fusion taken away) checks that pick end to end;
+- a sum of 16M floats to a scalar: the default (the reduction split across work-groups, split.py)
+  vs the searched split, and the peer "one work-item" (the shared GPU rules' Grid form, which
+  the opencl target used before splitting).
 
 Each compile with search starts from an empty tuning cache. Every output is checked against
 numpy (float64) before it is timed; the load other tenants put on the CPUs is reported.
@@ -70,6 +74,23 @@ def attention_case(seq, heads=8, dim=64):
     return g, arrays, "o", (e / e.sum(-1, keepdims=True)) @ arrays["v"]
 
 
+def sum_case(n):
+    g = lm.Graph()
+    g.tensor("a", (n,)).sum().output("s")
+    data = np.random.default_rng(3).standard_normal(n, np.float32)
+    return g, {"a": data}, "s", np.array(data.astype(np.float64).sum())
+
+
+def compile_unsplit(g):
+    """The program with the shared GPU rules' schedules (no split: the reduction on one work-item)."""
+    from luminar.backends.opencl import schedules
+    from luminar.backends.opencl.target import OpenCLTarget
+
+    class Unsplit(OpenCLTarget):
+        default_schedule = staticmethod(schedules.default_schedule)
+    return g.compile("opencl", target=Unsplit())
+
+
 def compile_unfused(g, budget_s):
     """The program searched with the fusion decision taken away (every region stays as stored
     kernels): the peer that shows what the online-softmax kernel is worth against searched
@@ -83,7 +104,16 @@ def compile_unfused(g, budget_s):
         search.search_fusion = real
 
 
-def run_case(name, case, budget_s, tolerance, unfused_peer=False):
+def pick(program) -> str:
+    """The search's pick in words: the fusion decision, else the (last) kernel's schedule."""
+    for f in program.fusions:
+        return ("fused: " + f.schedule.describe()) if f.chosen else \
+            f"unfused: {len(f.replaced)} kernels with their searched schedules"
+    kernel = program.kernels.kernels[-1]
+    return program.choices[kernel.name][0].schedule.describe()
+
+
+def run_case(name, case, budget_s, tolerance, unfused_peer=False, unsplit_peer=False):
     g, inputs, output, expected = case
     programs, compile_s = {}, {}
     for label, options in (("default", {}), ("searched", {"search": budget_s})):
@@ -92,6 +122,8 @@ def run_case(name, case, budget_s, tolerance, unfused_peer=False):
         compile_s[label] = round(time.perf_counter() - started, 2)
     if unfused_peer:
         programs["searched, unfused"] = compile_unfused(g, budget_s)
+    if unsplit_peer:
+        programs["one work-item"] = compile_unsplit(g)
     for label, program in programs.items():
         got = program(**inputs)[output]
         error = float(np.abs(got - expected).max() / max(np.abs(expected).max(), 1e-30))
@@ -106,7 +138,8 @@ def run_case(name, case, budget_s, tolerance, unfused_peer=False):
     print(f"{name}: default {times['default']['median_ms']:.2f} ms, searched {times['searched']['median_ms']:.2f} ms "
           f"({ratio:.2f}x)", flush=True)
     peer = {"searched_unfused_ms": round(times["searched, unfused"]["median_ms"], 3)} if unfused_peer else {}
-    return {"case": name, **peer, "default_ms": round(times["default"]["median_ms"], 3),
+    peer.update({"one_work_item_ms": round(times["one work-item"]["median_ms"], 3)} if unsplit_peer else {})
+    return {"case": name, **peer, "pick": pick(programs["searched"]), "default_ms": round(times["default"]["median_ms"], 3),
             "searched_ms": round(times["searched"]["median_ms"], 3), "speedup": round(ratio, 3),
             "compile_s": compile_s, "idle_fractions": {k: round(v, 2) for k, v in load.items()},
             "default_schedules": programs["default"].explain().splitlines()[1:], "searched_explain": chosen,
@@ -123,17 +156,19 @@ def write_report(results, device, quick):
              "and checked without a GPU, not a speed target. The figures are ratios between OpenCL schedules",
              "timed interleaved in one run (medians), on a machine shared with other busy processes (the",
              "idle fraction of each CPU while timing is given); every output was checked against numpy first.", "",
-             "| case | default (ms) | searched (ms) | searched speed-up | compile with search (s) | CPU idle while timing |",
-             "|---|---|---|---|---|---|"]
+             "| case | default (ms) | searched (ms) | searched speed-up | the search's pick | compile with search (s) "
+             "| CPU idle while timing |",
+             "|---|---|---|---|---|---|---|"]
     for r in results:
         idle = ", ".join(f"{v:.0%}" for v in r["idle_fractions"].values())
         lines.append(f"| {r['case']} | {r['default_ms']:.2f} | {r['searched_ms']:.2f} | {r['speedup']:.2f}x | "
-                     f"{r['compile_s']['searched']} | {idle} |")
+                     f"{r['pick']} | {r['compile_s']['searched']} | {idle} |")
     for r in results:
         for f in r["fusions"]:
             best = min(f["fused_ms"].items(), key=lambda kv: kv[1], default=None)
             if best is not None:
-                lines += ["", f"{r['case']}: the search timed the unfused kernels ({' + '.join(f['kernels'])}) at "
+                lines += ["", f"{r['case']}: the search timed the unfused kernels ({' + '.join(f['kernels'])}), "
+                          "with their searched schedules, at "
                           f"{f['unfused_ms']:.2f} ms and the fastest online-softmax (flash) kernel at {best[1]:.2f} ms "
                           f"({f['unfused_ms'] / best[1]:.2f}x; {best[0]}): "
                           + ("fused." if f["chosen"] else "kept unfused.")]
@@ -141,6 +176,11 @@ def write_report(results, device, quick):
             lines += ["", f"{r['case']}, end to end in the same interleaved rounds: default {r['default_ms']:.2f} ms, searched "
                       f"with the fusion taken away {r['searched_unfused_ms']:.2f} ms, searched {r['searched_ms']:.2f} ms "
                       f"({r['searched_unfused_ms'] / r['searched_ms']:.2f}x over the searched unfused kernels)."]
+        if "one_work_item_ms" in r:
+            lines += ["", f"{r['case']}, in the same interleaved rounds: the reduction on one work-item (the Grid "
+                      f"form, no split) {r['one_work_item_ms']:.2f} ms, split by default {r['default_ms']:.2f} ms "
+                      f"({r['one_work_item_ms'] / r['default_ms']:.2f}x), searched {r['searched_ms']:.2f} ms "
+                      f"({r['one_work_item_ms'] / r['searched_ms']:.2f}x)."]
     lines += ["", "What the search chose and the kernel times it measured (`explain()` of the searched program;",
               "the whole-program times above also hold the host copies of inputs and outputs):", ""]
     for r in results:
@@ -157,11 +197,14 @@ def main(argv=None) -> int:
     os.environ["LUMINAR_CACHE"] = tempfile.mkdtemp(prefix="luminar-opencl-bench-")  # a fresh tuning cache
     from luminar.backends.opencl.device import device
     dev = device()
-    sizes = dict(n=256, rows=256, cols=1024, seq=128) if args.quick else dict(n=1024, rows=1024, cols=4096, seq=512)
+    sizes = dict(n=256, rows=256, cols=1024, seq=128, sum=1 << 20) if args.quick else \
+        dict(n=1024, rows=1024, cols=4096, seq=512, sum=16 << 20)
     cases = [(f"matmul {sizes['n']}x{sizes['n']}", lambda: matmul_case(sizes["n"]), 1e-4),
              (f"softmax {sizes['rows']}x{sizes['cols']}", lambda: softmax_case(sizes["rows"], sizes["cols"]), 1e-5),
-             (f"naive causal attention, 8 heads x 64, seq {sizes['seq']}", lambda: attention_case(sizes["seq"]), 1e-4)]
-    results = [run_case(name, make(), args.budget, tol, unfused_peer="attention" in name) for name, make, tol in cases]
+             (f"naive causal attention, 8 heads x 64, seq {sizes['seq']}", lambda: attention_case(sizes["seq"]), 1e-4),
+             (f"sum of {sizes['sum'] >> 20}M floats", lambda: sum_case(sizes["sum"]), 1e-3)]  # (float32 sums)
+    results = [run_case(name, make(), args.budget, tol, unfused_peer="attention" in name, unsplit_peer="sum" in name)
+               for name, make, tol in cases]
     write_report(results, dev.identity, args.quick)
     return 0
 

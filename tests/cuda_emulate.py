@@ -1,13 +1,14 @@
 """Run the cuda target's CUDA C on the CPU: a C++ emulation of CUDA's execution model.
 
 For the forms no other backend runs (the tensor-core tiles of mma.sync and wgmma, the reduction
-split across blocks, the online-softmax form's CUDA spelling), so their index math, staging, bounds, tails and
+split across blocks, the sub-group reductions, the online-softmax form's CUDA spelling), so their index math, staging, bounds, tails and
 epilogues are checked without a GPU; and for whole programs, which tests/cuda_stub.c (the
 stand-in driver) runs through `library`'s lm_run when a test asks it to, so the runtime's calls
 compute. The kernel functions, as the renderer writes them (the CUDA prelude dropped), are
 compiled by g++ after a prelude of its own: every thread of a block is a std::thread (created
 once per launch; the blocks run one after another, the threads meeting between blocks),
-`__shared__` arrays are function statics, __syncthreads() a barrier of the block, and the
+`__shared__` arrays are function statics, __syncthreads() a barrier of the block, warp shuffles
+(__shfl_xor_sync) post and read a lane's value between two barriers of the warp, and the
 tensor-core instructions are warp-collective: each lane posts its fragments, the warp meets, and
 each lane computes its accumulators from the whole tiles, by the fragment layouts of PTX ISA
 9.7.13.4 (the same reading of them the renderer uses: the GPU check is what tests that reading);
@@ -37,6 +38,7 @@ PRELUDE = r"""
 #include <thread>
 #include <vector>
 struct lm_dim3 { unsigned x, y, z; };
+struct alignas(16) float4 { float x, y, z, w; };
 static thread_local lm_dim3 threadIdx, blockIdx;
 static lm_dim3 blockDim, gridDim;
 static std::barrier<> *lm_block_barrier;
@@ -91,6 +93,15 @@ static void lm_mma(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
         for (int kk = 0; kk < k; kk++) sum += A[row][kk] * B[kk][col];
         c[q] = sum;
     }
+}
+static float lm_shuffled[32][32];  // [warp][lane]: a warp shuffle's posted values
+static inline float __shfl_xor_sync(unsigned, float v, int mask) {  // (every lane of a full warp calls it)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    lm_shuffled[warp][lane] = v;
+    lm_warp_barriers[warp]->arrive_and_wait();
+    const float other = lm_shuffled[warp][lane ^ mask];
+    lm_warp_barriers[warp]->arrive_and_wait();
+    return other;
 }
 static inline void lm_mma_tf32(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) { lm_mma(c, a0, a1, a2, a3, b0, b1, false); }
 static inline void lm_mma_bf16(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) { lm_mma(c, a0, a1, a2, a3, b0, b1, true); }

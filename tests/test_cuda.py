@@ -384,6 +384,51 @@ def test_the_online_form_with_a_symbolic_length_launched_for_a_rounded_length_in
     np.testing.assert_allclose(got, _attention_reference(arrays, "causal").reshape(-1), rtol=1e-4, atol=1e-5)
 
 
+@needs_gxx
+def test_vector_load_forms_compile_and_compute_the_matvec_in_an_emulation_of_cuda(tmp_path, monkeypatch):
+    """The opencl forms' vector loads in the CUDA dialect's spelling (a float4 read through a cast
+    of a 16-byte aligned address): they compile for sm_90 without a spill, and the emulated kernel
+    is the plain form's result, bit for bit (each step computed from its lane in the serial order)."""
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    g = lm.Graph()
+    (g.tensor("x", (3, 256)) @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y")
+    program = lower(optimize(g))
+    kernel = program.kernels[0]
+    built = CUDATarget().build(program, {kernel.name: [Grid(64, 4)]})
+    assert "(const float4 *)" in built.source
+    _checked(built, "matvec")
+    rng = np.random.default_rng(4)
+    arrays = {b.id: rng.standard_normal(int(b.numel.value)).astype(np.float32) for b in program.buffers
+              if b.name in ("x", "w")}
+    vector, plain = (cuda_emulate.run(program, kernel, s, arrays, {}, tmp_path) for s in (Grid(64, 4), Grid(64)))
+    x, w = (arrays[b.id].reshape(-1, 256) for b in program.buffers if b.name in ("x", "w"))
+    np.testing.assert_allclose(vector.reshape(3, 48), x @ w.T, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(vector, plain)
+
+
+@needs_gxx
+def test_sub_group_reductions_compile_and_compute_the_softmax_in_an_emulation_of_cuda(tmp_path, monkeypatch):
+    """The Rows form combining row values by warp shuffles (__shfl_xor_sync butterflies, then the
+    warps' values in order): it compiles for sm_90 without a spill, and the emulated softmax
+    matches numpy and the local-memory form (work-groups of one warp and of several)."""
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    g = lm.Graph()
+    g.tensor("x", (5, 300)).softmax(-1).output("y")
+    program = lower(optimize(g))
+    kernel = program.kernels[0]
+    forms = [Rows(32, subgroups=True), Rows(128, 4, subgroups=True)]
+    built = CUDATarget().build(program, {kernel.name: forms})
+    assert "__shfl_xor_sync" in built.source
+    _checked(built, "softmax")
+    x = np.random.default_rng(6).standard_normal((5, 300)).astype(np.float32) * 3
+    e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+    plain = cuda_emulate.run(program, kernel, Rows(64), {0: x.ravel()}, {}, tmp_path)
+    for form in forms:
+        got = cuda_emulate.run(program, kernel, form, {0: x.ravel()}, {}, tmp_path)
+        np.testing.assert_allclose(got.reshape(5, 300), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got, plain, rtol=1e-6, atol=1e-8)
+
+
 # -- NVRTC ---------------------------------------------------------------------------------------
 def test_compiled_cubins_are_cached_by_source_options_and_nvrtc_version(tmp_path, monkeypatch):
     monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))

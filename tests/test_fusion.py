@@ -342,3 +342,49 @@ def test_the_inlined_form_is_reached_but_not_timed_on_the_cpu(fuse):
                   "v": np.random.default_rng(3).standard_normal((2, 40, dim)).astype(np.float32)}
         want = F.scaled_dot_product_attention(*(torch.from_numpy(arrays[x]) for x in "qkv"), scale=1.0)
         np.testing.assert_allclose(program(**arrays)["o"], want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+# -- the fused form against the unfused kernels as they would run -----------------------------------
+FUSED_S, DEFAULT_S = 2e-3, 3e-3  # the stub clock's seconds per call of a fused kernel, of a default schedule
+
+
+def stub_clock_target(searched_s: float):
+    """The cpu target with a stub clock, so the decision cannot depend on this machine's timing:
+    every candidate is still built and validated for real, but `time` reports FUSED_S for a fused
+    (online) kernel, DEFAULT_S for a kernel's default schedule and `searched_s` for any other."""
+    from luminar.backends.cpu.target import CPUTarget
+
+    class StubClock(CPUTarget):
+        def bench(self, program, kernel, schedules, env, seed):
+            bench = CPUTarget.bench(program, kernel, schedules, env, seed)
+            default = self.default_schedule(kernel)
+            clock = lambda s: FUSED_S if s.kind == "online" else DEFAULT_S if s == default else searched_s  # noqa: E731
+            bench.time = lambda which, budget_s: {k: clock(schedules[k]) for k in which}
+            return bench
+    return StubClock()
+
+
+@pytest.mark.parametrize("searched_s,fused", [(0.1e-3, False), (1e-3, True)], ids=["searched-faster", "fused-faster"])
+def test_the_fused_form_must_beat_the_unfused_kernels_with_their_searched_schedules(monkeypatch, tmp_path,
+                                                                                     searched_s, fused):
+    """The three unfused kernels at their defaults (3 x DEFAULT_S) are slower than the fused one
+    (FUSED_S); searched, they are faster (3 x 0.1 ms) or still slower (3 x 1 ms). The search keeps
+    whichever is faster as the kernels would actually run, and explain shows the stored form's
+    searched schedules."""
+    from luminar.compiler import search
+    monkeypatch.setenv("LUMINAR_CACHE", str(tmp_path))
+    monkeypatch.setattr(search, "MIN_WORK", 0)  # every kernel searched (on a graph small enough to build fast),
+    monkeypatch.setattr(search, "TIMED", 2)  # each from its default and one other candidate
+    g, arrays = attention_graph(rows=24, keys=24, dim=16), attention_inputs(rows=24, keys=24, dim=16)
+    program = g.compile("cpu", search=True, target=stub_clock_target(searched_s))
+    (decision,) = program.fusions
+    assert decision.chosen is fused and len(decision.replaced) == 3
+    assert decision.unfused_s == pytest.approx(3 * searched_s)
+    assert [source for _, source in decision.stored] == ["searched"] * 3
+    assert len(program.kernels.kernels) == (1 if fused else 3)
+    if not fused:  # the program runs the very schedules the stored form was timed with
+        assert [program.choices[name][0].schedule.describe() for name in decision.replaced] == \
+            [desc for desc, _ in decision.stored]
+    text = program.explain()
+    assert ("fused into" if fused else "kept unfused") in text and text.count("stored form:") == 3
+    np.testing.assert_allclose(program(**arrays)["o"], g.compile("reference")(**arrays)["o"], rtol=1e-4, atol=1e-5)

@@ -88,7 +88,7 @@ def test_smollm2_chat_answers_paris_on_opencl(capsys):
 from luminar.backends.opencl.bench import Bench  # noqa: E402
 from luminar.backends.opencl.schedules import Grid, Rows, Tiled  # noqa: E402
 from luminar.compiler.analysis import plan_tiles  # noqa: E402
-from luminar.compiler.kernels import Load, lower  # noqa: E402
+from luminar.compiler.kernels import Load, Reduce, lower, walk  # noqa: E402
 from luminar.compiler.passes import optimize  # noqa: E402
 
 
@@ -139,13 +139,168 @@ def test_a_variant_that_computes_something_else_fails_against_the_plain_body(mon
     from luminar.backends.opencl import bench as bench_module
     render = bench_module.render_kernel
 
-    def off_by_one(program, kernel, schedule=None, name=None):  # the second variant adds 1 to every output
-        source = render(program, kernel, schedule, name=name)
+    def off_by_one(program, kernel, schedule=None, dialect=None, name=None):  # the second variant adds 1 to every output
+        source = render(program, kernel, schedule, dialect, name)
         return source.replace(f"b{kernel.out}[lm_flat] = ", f"b{kernel.out}[lm_flat] = 1.0f + ") \
             if name == "lm_variant1" else source
     monkeypatch.setattr(bench_module, "render_kernel", off_by_one)
     program, kernel = _kernel(lambda g: (g.tensor("x", (300, 40)).exp() * 2.0).output("y"))  # sampled: > 4096 outputs
     assert Bench(program, kernel, [Grid(), Grid(local=32), Grid(local=128)], {}, seed=0).validate() == [True, False, True]
+
+
+# -- vector loads (vector.py) ----------------------------------------------------------------------------
+from luminar.backends.opencl.render import render_kernel  # noqa: E402
+from luminar.backends.opencl.vector import vector_loads  # noqa: E402
+
+
+def _reduction(build):
+    """The lowered program of `build(g)` and its first kernel (the reduction), and that reduction."""
+    program, _ = _kernel(build)
+    kernel = program.kernels[0]
+    return program, kernel, next(n for n in walk(kernel.value) if isinstance(n, Reduce))
+
+
+VECTOR_CASES = {  # a kernel, its plain form first, then forms with vector loads
+    "matvec": (lambda g: (g.tensor("x", (3, 256)) @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y"),
+               [Grid(), Grid(64, 4), Grid(32, 4)]),
+    "softmax rows": (lambda g: g.tensor("x", (6, 300)).softmax(-1).output("y"), [Rows(32), Rows(32, 4), Rows(64, 4)]),
+}
+
+
+@pytest.mark.parametrize("case", list(VECTOR_CASES))
+def test_every_vector_load_form_matches_the_plain_form(case):
+    """A dot product's two contiguous operands, a softmax row's max and sum: read 4 at a time
+    (vload4), each step then computed from its lane in the serial order, so a work-item's
+    reduction is the plain loop's bit for bit (Rows: each work-item's share is runs of 4)."""
+    build, forms = VECTOR_CASES[case]
+    program, kernel, _ = _reduction(build)
+    assert "vload4" not in render_kernel(program, kernel, forms[0])
+    assert all("vload4" in render_kernel(program, kernel, f) for f in forms[1:])
+    bench = Bench(program, kernel, forms, {}, seed=2)
+    assert bench.validate() == [True] * len(forms)
+    if case == "matvec":
+        assert all(np.array_equal(bench.output(k), bench.output(0)) for k in range(1, len(forms)))
+
+
+@pytest.mark.parametrize("build, vectorized", [
+    (lambda g: (g.tensor("x", (3, 256)) @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y"), ["x", "w"]),
+    (lambda g: (g.tensor("x", (3, 45)) @ g.tensor("w", (48, 45)).transpose(0, 1)).output("y"), None),  # 45 steps
+    (lambda g: (g.tensor("x", (3, 257))[:, 1:] @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y"), ["w"]),
+    (lambda g: (g.tensor("x", (3, 256)) @ g.tensor("w", (256, 48))).output("y"), ["x"]),  # w: stride 48 along r
+    (lambda g: (g.tensor("x", (3, 256), "float16") @ g.tensor("w", (48, 256)).transpose(0, 1)).output("y"), ["w"]),
+], ids=["aligned", "extent-not-a-multiple-of-4", "offset-1", "strided", "float16"])
+def test_vector_loads_only_where_contiguous_aligned_float32_and_a_multiple_of_4(build, vectorized):
+    """The guard: a constant extent that is a multiple of 4; each vectorized load contiguous
+    along the reduction, 16-byte aligned (no odd offset) and float32; what fails it is read one
+    element at a time, and a reduction with nothing to vectorize keeps the plain loop. Every
+    form stays right."""
+    program, kernel, red = _reduction(build)
+    found = vector_loads(program, red)
+    assert (None if found is None else sorted(program.buffers[ld.buffer].name for ld in found)) == \
+        (None if vectorized is None else sorted(vectorized))
+    assert render_kernel(program, kernel, Grid(64, 4)).count("vload4(") == len(vectorized or [])
+    assert Bench(program, kernel, [Grid(), Grid(64, 4)], {}, seed=1).validate() == [True, True]
+
+
+def test_the_search_space_offers_vector_loads_where_the_guard_holds():
+    from luminar.backends.opencl.target import OPENCL
+    from luminar.compiler import search
+    found = {}
+    for name, build in (("matvec", VECTOR_CASES["matvec"][0]), ("ragged", lambda g: (g.tensor("x", (3, 45)) @ g.tensor(
+            "w", (48, 45)).transpose(0, 1)).output("y"))):
+        program, kernel, _ = _reduction(build)
+        sp = OPENCL.space(kernel, {})
+        nests = search.sample(search.saturate(OPENCL, sp), 200, 0, OPENCL.viable(kernel, sp),
+                              lambda nest: OPENCL.to_schedule(nest, kernel, sp) is not None)
+        found[name] = {OPENCL.to_schedule(n, kernel, sp) for n in nests}
+    assert {s.vector for s in found["matvec"] if isinstance(s, Grid)} == {1, 4}
+    assert {s.vector for s in found["ragged"] if isinstance(s, Grid)} == {1}
+    assert all(getattr(s, "vector", 1) == 1 for s in found["matvec"] | found["ragged"] if not isinstance(s, Grid))
+
+
+# -- reductions split across work-groups (split.py) ------------------------------------------------------
+from luminar.backends.opencl.schedules import Split  # noqa: E402
+
+
+def _long_reductions(g):
+    """A sum of 70,001 values to a scalar, and a max over a symbolic length to 4 outputs (an epilogue)."""
+    a = g.tensor("a", (70_001,))
+    (a * a + 1.0).sum().output("s")
+    (g.tensor("x", (4, "n")).amax(-1) * 2.0).output("m")
+
+
+def test_a_long_reduction_to_few_outputs_is_split_across_work_groups():
+    """The default for a long reduction to few outputs: right against numpy at lengths below and
+    above what the work-items cover in one pass, each call from zeroed counters (a second call's
+    new inputs give the new sums), deterministic (the same inputs, the same bits)."""
+    g = lm.Graph()
+    _long_reductions(g)
+    program = g.compile("opencl")
+    assert [type(s) for call, _ in program._calls for s in call.schedules] == [Split, Split]
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(70_001).astype(np.float32)
+    for n, scale in ((70_003, 1.0), (5, 2.0), (70_003, 1.0)):
+        x = rng.standard_normal((4, n)).astype(np.float32)
+        out = program(a=a * scale, x=x)
+        want = ((a * scale).astype(np.float64) ** 2 + 1).sum()
+        assert abs(out["s"] - want) <= 1e-5 * want
+        np.testing.assert_array_equal(out["m"], x.max(-1) * 2)
+    assert program(a=a, x=x)["s"] == out["s"]  # deterministic
+
+
+def test_every_split_form_matches_the_plain_form():
+    """Strided shares and contiguous runs, one work-group or many, more work-items than steps."""
+    program, _ = _kernel(_long_reductions)
+    kernel = program.kernels[0]
+    forms = [Split(), Split(1, 32), Split(7, 64), Split(16, 256, True), Split(3, 32, True), Split(1024, 128, True)]
+    assert Bench(program, kernel, forms, {"n": 70_003}, seed=4).validate() == [True] * len(forms)
+
+
+def test_the_search_space_splits_the_reduction_both_ways():
+    """The nests the search samples for a split kernel map to Split forms with strided shares
+    and with contiguous runs; a kernel with many outputs keeps the other forms."""
+    from luminar.backends.opencl.target import OPENCL
+    from luminar.compiler import search
+    program, _ = _kernel(_long_reductions)
+    kernel = program.kernels[0]
+    sp = OPENCL.space(kernel, {})
+    nests = search.sample(search.saturate(OPENCL, sp), 200, 0, OPENCL.viable(kernel, sp),
+                          lambda nest: OPENCL.to_schedule(nest, kernel, sp) is not None)
+    found = {OPENCL.to_schedule(n, kernel, sp) for n in nests}
+    assert all(isinstance(s, Split) for s in found) and {s.runs for s in found} == {False, True}
+    assert len({(s.groups, s.local) for s in found}) > 4
+    _, matmul = _kernel(_matmul)
+    assert not isinstance(OPENCL.default_schedule(matmul), Split) and OPENCL.space(matmul, {}).naive[-1].dim == "r"
+
+
+# -- sub-group reductions (where the device has sub-group shuffles) ----------------------------------------
+def test_sub_group_shuffles_are_used_only_where_the_device_reports_them():
+    """The dialect gets sub-group spellings from the device's extensions (Khronos' shuffles with
+    sub-groups, or Intel's), else none; then the search space offers no sub-group form and the
+    renderer refuses one. (PoCL on this machine reports none: the form is checked through the
+    CUDA dialect's warp shuffles, tests/test_cuda.py.)"""
+    from luminar.backends.opencl.dialect import OPENCL, opencl_dialect
+    from luminar.backends.opencl.target import OPENCL as TARGET
+    from luminar.compiler import search
+    khr = opencl_dialect({"cl_khr_subgroups", "cl_khr_subgroup_shuffle"}, set())
+    assert khr.subgroups.shuffle_xor.startswith("sub_group_shuffle_xor") and "cl_khr_subgroup_shuffle" in khr.prelude
+    assert opencl_dialect({"cl_khr_subgroup_shuffle"}, {"__opencl_c_subgroups"}).subgroups == khr.subgroups
+    assert opencl_dialect({"cl_intel_subgroups"}, set()).subgroups.shuffle_xor.startswith("intel_sub_group_shuffle_xor")
+    assert opencl_dialect({"cl_khr_subgroups"}, set()) is OPENCL  # sub-groups without shuffles: not used
+    program, kernel = _kernel(lambda g: g.tensor("x", (6, 300)).softmax(-1).output("y"))
+    assert "sub_group_shuffle_xor" in render_kernel(program, kernel, Rows(64, subgroups=True), khr)
+    with pytest.raises(ValueError, match="sub-group shuffles"):
+        render_kernel(program, kernel, Rows(64, subgroups=True), OPENCL)
+    extensions = set(DEVICE.device.extensions.split())
+    if DEVICE.dialect.subgroups is None:
+        assert not {"cl_khr_subgroup_shuffle", "cl_intel_subgroups"} & extensions
+        sp = TARGET.space(kernel, {})
+        nests = search.sample(search.saturate(TARGET, sp), 200, 0, TARGET.viable(kernel, sp),
+                              lambda nest: TARGET.to_schedule(nest, kernel, sp) is not None)
+        found = {TARGET.to_schedule(n, kernel, sp) for n in nests}
+        assert found and not any(getattr(s, "subgroups", False) for s in found)
+    else:  # a device with shuffles: the form runs and matches the plain one
+        assert Bench(program, kernel, [Rows(64), Rows(64, subgroups=True)], {}, seed=1).validate() == [True, True]
 
 
 # -- the online-softmax (flash) attention form ---------------------------------------------------------

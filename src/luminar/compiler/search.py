@@ -33,7 +33,8 @@ its value. The fuse ruleset grows the other forms, each rule guarded by a fact: 
 inlined, where inlining is legal), un-fuse (inlined -> stored) and the online-softmax recurrence
 (inlined -> online, where the consumer's weighted sum of exponentials matches online_plan). The
 target proposes schedules for each fused form; the fused kernel is validated against the unfused
-kernels run on the same random inputs, and kept only if it beats the kernels it replaces.
+kernels run on the same random inputs, and kept only if it beats the kernels it replaces as they
+would run: each with its searched schedule (searched first, and cached for the schedule search).
 
 The candidate set is a pure function of the kernel, the bucket and the seed; which candidate
 wins depends on measurements, and is then cached, so later compiles are deterministic and fast.
@@ -464,11 +465,12 @@ class Fusion:
     online-softmax kernel) -- whichever measured fastest."""
     replaced: list  # names of the default kernels the fused one replaces
     kernel: str  # the fused kernel's name in the fused lowering
-    unfused_s: float  # the replaced kernels' median times, summed (the stored form); 0: not timed
+    unfused_s: float  # the replaced kernels' median times with their searched schedules, summed; 0: not timed
     candidates: list  # [description, median seconds or None, "timed" | "failed" | "pruned (...)"] of fused forms
     schedule: object  # the fastest valid fused schedule
     chosen: bool  # whether it beat the stored form
     forms: list = field(default_factory=list)  # the forms the e-graph's rules reached for this region
+    stored: list = field(default_factory=list)  # [schedule, its Choice's source] per replaced kernel, as timed
     source: str = "searched"  # | "cached"
 
     @classmethod
@@ -506,20 +508,17 @@ def search_fusion(target: Target, lowering, program: KernelProgram, opts: Search
     trial = Lowering(lowering.graph, everything)
     fused = trial.run()
     by_out, default_by_out = {k.out: k for k in fused.kernels}, {k.out: k for k in program.kernels}
-    consumers = {}  # region's node -> (the fused kernel, the default kernels it replaces)
+    consumers = {}  # region's node -> (the fused kernel, the default kernels it replaces, the region)
     for p, region in regions:
         target_node = absorbed_by(trial, p)
         kernel = by_out.get(trial.buffer_of.get(target_node))
         if kernel is not None:
             consumers[p] = kernel, [default_by_out[lowering.buffer_of[n]] for n in sorted(region | {target_node})
-                                    if lowering.buffer_of.get(n) in default_by_out]
+                                    if lowering.buffer_of.get(n) in default_by_out], region
     forms = fusion_forms({p: {"fusable", "online_form"} if online_plan(k) is not None else {"fusable"}
-                          for p, (k, _) in consumers.items()})
+                          for p, (k, _, _) in consumers.items()})
     chosen, fusions, decided, schedules = set(), [], {}, {}
-    for p, region in regions:
-        if p not in consumers:
-            continue
-        kernel, replaced = consumers[p]
+    for p, (kernel, replaced, region) in consumers.items():  # (in the order of `regions`)
         fp = fingerprint(fused, kernel)
         if fp not in decided:
             key = tuning_key(target, "fusion " + fp, opts.dims, opts.seed)
@@ -536,15 +535,17 @@ def search_fusion(target: Target, lowering, program: KernelProgram, opts: Search
 
 
 def _time_fusion(target, program, replaced, fused, kernel, forms, opts, key) -> Fusion:
-    """Time the stored form (the replaced kernels) and the target's schedules for each fused form."""
+    """Time the stored form -- the replaced kernels with the schedules they would run with: the
+    searched ones (search_program, whose tuning cache the program's own search then reads) -- and
+    the target's schedules for each fused form."""
     schedules, pruned = target.fused_schedules(kernel, forms, opts.dims)
-    if not schedules:  # nothing to compare with: the stored form stays, untimed
-        decision = Fusion([], kernel.name, 0.0, pruned, target.default_schedule(kernel), False, forms)
-        store_tuning(target, key, decision)
-        return decision
-    unfused = 0.0
+    if not schedules:  # nothing to compare with: the stored form stays, untimed (and uncached: nothing was measured)
+        return Fusion([], kernel.name, 0.0, pruned, target.default_schedule(kernel), False, forms)
+    alone = search_program(target, dataclasses.replace(program, kernels=replaced),
+                           dataclasses.replace(opts, buckets=(opts.dims,)))
+    unfused, stored = 0.0, [[alone[k.name][0].schedule.describe(), alone[k.name][0].source] for k in replaced]
     for k in replaced:
-        bench = target.bench(program, k, [target.default_schedule(k)], opts.dims, opts.seed)
+        bench = target.bench(program, k, [alone[k.name][0].schedule], opts.dims, opts.seed)
         bench.validate()
         unfused += bench.time([0], 0.2)[0]
     bench = target.bench(fused, kernel, schedules, opts.dims, opts.seed)
@@ -553,7 +554,7 @@ def _time_fusion(target, program, replaced, fused, kernel, forms, opts, key) -> 
     best = min(times, key=times.get, default=0)
     candidates = [[s.describe(), times.get(k), "timed" if valid[k] else "failed"] for k, s in enumerate(schedules)]
     decision = Fusion([], kernel.name, unfused, candidates + pruned, schedules[best],
-                      best in times and times[best] < unfused * (1 - NOISE), forms)
+                      best in times and times[best] < unfused * (1 - NOISE), forms, stored)
     store_tuning(target, key, decision)
     return decision
 
@@ -586,6 +587,7 @@ def explain(target: Target, program: KernelProgram, choices: dict[str, list[Choi
         unfused = f"unfused {f.unfused_s * 1e3:.3f} ms" if f.unfused_s else "unfused (not timed: no fused form to try)"
         lines.append(f"fusion: softmax region {' + '.join(f.replaced)} (forms: {', '.join(f.forms)}): {verdict} "
                      f"[{f.source}]; {unfused}")
+        lines += [f"    stored form: {name}: {desc} [{source}]" for name, (desc, source) in zip(f.replaced, f.stored)]
         for desc, seconds, status in f.candidates:
             mark = " <- chosen" if f.chosen and desc == f.schedule.describe() else ""
             lines.append(f"    {f'{seconds * 1e3:9.3f} ms' if seconds is not None else f'{status:>9}'}  {desc}{mark}")

@@ -17,7 +17,7 @@ is turned off by the compile options (nvrtc.py: --fmad=false), as the OpenCL pre
 """
 from __future__ import annotations
 
-from ..opencl.dialect import Dialect
+from ..opencl.dialect import Dialect, SubGroups
 from .wgmma import PRELUDE as WGMMA  # (wgmma.mma_async, for sm_90a only)
 
 _CUDA_PRELUDE = """\
@@ -56,4 +56,7 @@ CUDA = Dialect(
     types={"float32": "float", "float16": "unsigned short", "bfloat16": "unsigned short", "int8": "signed char",
            "uint8": "unsigned char", "int32": "int"},
     loads={"float32": "{0}[{1}]", "float16": "lm_half({0}[{1}])", "bfloat16": "lm_bf16({0}[{1}])"},
+    float4="float4", load4="(*(const float4 *)({0} + {1}))",  # (16-byte aligned: opencl/vector.py's guard)
+    subgroups=SubGroups(size="32", id="(lm_lid / 32)", lane="(lm_lid % 32)", count="((int)lm_local_size(0) / 32)",
+                        shuffle_xor="__shfl_xor_sync(0xffffffffu, {0}, {1})"),  # warps (blocks of whole warps)
 )

@@ -23,9 +23,8 @@ from ...compiler.kernels import Kernel, numel
 from ...ops import PRIMITIVES
 from ..opencl.dialect import Dialect
 from ..opencl.render import Emitter, _unflatten, render_float
-
-MAX_OUTPUTS = 64  # outputs a split kernel may have (its partials are a static array of outputs x blocks)
-MIN_STEPS = 1 << 16  # reduction length from which splitting pays (below it a thread per output finishes sooner)
+# (the opencl target's split form decides where splitting applies, and combines a block's values, alike)
+from ..opencl.split import MAX_OUTPUTS, applies, combine as _combine  # noqa: F401  (applies: cuda/target.py's)
 
 
 @dataclass(frozen=True)
@@ -47,21 +46,6 @@ class Split:
     def launch(self, kernel: Kernel, env: dict) -> tuple[tuple, tuple] | None:
         outputs = numel(kernel.shape).value
         return ((self.blocks, outputs, 1), (self.local, 1, 1)) if outputs else None
-
-
-def applies(kernel: Kernel) -> bool:
-    """One reduction, few outputs (a constant number), a long or symbolic reduction."""
-    red = single_reduce(kernel)
-    if red is None or not numel(kernel.shape).is_const or numel(kernel.shape).value > MAX_OUTPUTS:
-        return False
-    return not red.extent.is_const or red.extent.value >= MIN_STEPS
-
-
-def _combine(prim, size: int, d: Dialect, indent: str = "    ") -> list[str]:
-    """Combine lm_part[0..size) into lm_part[0], halving with barriers (every thread calls it)."""
-    return [f"{indent}{d.barrier}", f"{indent}for (int lm_s = {size // 2}; lm_s > 0; lm_s >>= 1) {{",
-            f"{indent}    if (lm_lid < lm_s) lm_part[lm_lid] = {prim.c.format('lm_part[lm_lid]', 'lm_part[lm_lid + lm_s]')};",
-            f"{indent}    {d.barrier}", f"{indent}}}"]
 
 
 def render_split(program, kernel: Kernel, s: Split, d: Dialect) -> list[str]:

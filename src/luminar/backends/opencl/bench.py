@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...compiler.kernels import loads
+from ...compiler.kernels import loads, numel
 from ...compiler.target import time_interleaved
 from .device import device, opencl
-from .dialect import OPENCL
 from .render import launch, render_kernel, render_sampled
+from .schedules import Split
 
 RTOL = 1e-3  # a candidate's output must match the plain form's within this (relative to the output's scale)
 SAMPLE_S = 0.002  # a timing sample repeats the call until it lasts about this long
@@ -43,17 +43,18 @@ class Kernels:
     def __init__(self, program, arrays: dict, env: dict, sources: list, extra: str = ""):
         """`sources`: (function name, kernel, schedule) rendered into one program, after `extra`."""
         cl, self.dev = opencl(), device()
-        text = "\n\n".join([OPENCL.prelude, extra] + [render_kernel(program, k, s, name=n) for n, k, s in sources])
+        dialect = self.dev.dialect  # (OPENCL, with sub-group shuffles where the device has them)
+        text = "\n\n".join([dialect.prelude, extra] + [render_kernel(program, k, s, dialect, n) for n, k, s in sources])
         self.built = self.dev.build(text)
         self.program, self.env, self.arrays = program, env, arrays
         self.buffers = {b: self.dev.allocate(a.nbytes) for b, a in arrays.items()}
         for b, a in arrays.items():
             if a.nbytes:
                 cl.enqueue_copy(self.dev.queue, self.buffers[b], a)
-        self.calls = []
+        self.calls, self.scratch_buffers = [], []
         for name, kernel, schedule in sources:
             function = cl.Kernel(self.built, name)
-            function.set_args(*self.args(kernel))
+            function.set_args(*self.args(kernel), *self.scratch(kernel, schedule))
             self.calls.append((function, launch(kernel, schedule, env)))
 
     def args(self, kernel) -> list:
@@ -61,6 +62,16 @@ class Kernels:
         used = sorted({ld.buffer for ld in loads(kernel.value)} | {kernel.out})
         return [x for b in used for x in (self.buffers[b], np.int64(0))] + \
             [np.int64(self.env[d]) for d in self.program.dims]
+
+    def scratch(self, kernel, schedule) -> list:
+        """A split form's scratch arguments: its own zero-filled buffer at offset 0 (split.py)."""
+        if not isinstance(schedule, Split):
+            return []
+        words = np.zeros(schedule.scratch(numel(kernel.shape).value), np.int32)
+        buffer = self.dev.allocate(words.nbytes)
+        opencl().enqueue_copy(self.dev.queue, buffer, words)
+        self.scratch_buffers.append(buffer)  # (kept alive here: a kernel argument holds no reference)
+        return [buffer, np.int64(0)]
 
     def run(self, k: int) -> None:
         function, sizes = self.calls[k]
@@ -87,7 +98,7 @@ class Bench:
         self.arrays = random_buffers(program, reads, env, seed)
         self.arrays[kernel.out] = np.zeros(int(program.buffers[kernel.out].numel.evaluate(env)), np.float32)
         sources = [(f"lm_variant{k}", kernel, s) for k, s in enumerate(self.schedules)]
-        self.kernels = Kernels(program, self.arrays, env, sources, render_sampled(program, kernel, OPENCL, "lm_plain"))
+        self.kernels = Kernels(program, self.arrays, env, sources, render_sampled(program, kernel, device().dialect, "lm_plain"))
 
     def output(self, k: int) -> np.ndarray | None:
         """Variant k's output, or None when the device refuses to run it (too many registers or

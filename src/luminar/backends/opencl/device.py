@@ -22,6 +22,7 @@ import tempfile
 
 from ...compiler.target import CompilerError, cache_dir
 from ...errors import UnsupportedError
+from .dialect import opencl_dialect
 
 BUILD_OPTIONS = ["-cl-fp32-correctly-rounded-divide-sqrt"]  # division and sqrt as IEEE (and numpy) round them
 INSTALL = ("install an OpenCL driver: on Debian/Ubuntu `apt-get install pocl-opencl-icd ocl-icd-libopencl1` "
@@ -51,8 +52,17 @@ class Device:
         self.queue = cl.CommandQueue(self.context)
         self.max_group = device.max_work_group_size
         self.local_bytes = device.local_mem_size
+        self.is_cpu = bool(device.type & cl.device_type.CPU)  # (PoCL here: some forms' defaults differ, see split.py)
+        self.dialect = opencl_dialect(set(device.extensions.split()), self._features())  # (sub-groups where reported)
         self.options = [o for o in BUILD_OPTIONS if self._supports_exact_divide()]
         self.caches_builds = "Portable Computing Language" in device.platform.name  # PoCL: see the module's doc
+
+    def _features(self) -> set[str]:
+        """The OpenCL C 3.0 optional features the device reports (none before 3.0)."""
+        try:
+            return {feature.name for feature in self.device.opencl_c_features}
+        except (AttributeError, opencl().LogicError):
+            return set()
 
     def _supports_exact_divide(self) -> bool:
         cl = opencl()

@@ -4,7 +4,9 @@ compiler/pipeline.py does everything up to a built program; an OpenCLProgram kee
 needs: the kernels' functions, memory plans per dim bucket (compiler/memory.py) placing every
 temporary in one device arena, and device buffers for inputs and outputs. A call copies its
 inputs to the device, enqueues every kernel in order on one in-order queue (symbolic dims are
-kernel arguments: a new sequence length needs no rebuild), and copies the outputs back.
+kernel arguments: a new sequence length needs no rebuild), and copies the outputs back. A call
+of a split reduction (split.py) also gets its own range of one zero-filled scratch buffer, kept
+for the program's life.
 
 Device-resident inputs: an input set with `set_inputs` (weights) is copied once and kept while
 it is the same array. The new value of a `Graph.update` input stays on the device (its output
@@ -33,6 +35,7 @@ from ...program import Program
 from ...errors import InputError
 from .device import DeviceError, device, opencl
 from .render import launch
+from .schedules import Split
 
 
 @dataclass
@@ -102,6 +105,7 @@ class OpenCLProgram(Program):
         cl = opencl()
         functions = {name: cl.Kernel(built.program, name) for call in built.calls for name in call.functions}
         self._calls = [(call, [functions[n] for n in call.functions]) for call in built.calls]
+        self._scratch = self._split_scratch(built.calls)
         self._plans: dict[tuple, MemoryPlan] = {}
         self._arena, self._arena_bytes = None, 0
         self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device buffer, bytes)
@@ -110,6 +114,19 @@ class OpenCLProgram(Program):
         self._mirrors: dict[str, Mirror] = {}
         self._stale: dict[str, np.ndarray] = {}  # updated input -> its host array, not yet copied from the device
         self.transfers = Transfers()
+
+    def _split_scratch(self, calls) -> list:
+        """Per call, the scratch arguments of its split forms (split.py): each call's own range of
+        one zero-filled buffer, kept for the program's life (the counters are zero between calls)."""
+        offsets, words = [], 0
+        for call in calls:
+            offsets.append(words)
+            words += call.scratch
+        if not words:
+            return [()] * len(calls)
+        buffer = self.device.allocate(4 * words)
+        opencl().enqueue_copy(self.device.queue, buffer, np.zeros(words, np.int32))
+        return [(buffer, np.int64(offset)) if call.scratch else () for call, offset in zip(calls, offsets)]
 
     def append_only(self, *names: str) -> "OpenCLProgram":
         """Declare inputs that only grow at the end between calls (see the module doc). Returns self."""
@@ -211,13 +228,14 @@ class OpenCLProgram(Program):
             where[buf] = (self._outputs[name][0], 0)
         dims = [np.int64(env[d]) for d in kp.dims]
         bucket = nearest_bucket(self.search, env)
-        for call, functions in self._calls:
+        for (call, functions), scratch in zip(self._calls, self._scratch):
             which = call.pick(env, bucket)
             sizes = launch(call.kernel, call.schedules[which], env)
             if sizes is None:
                 continue
             function = functions[which]
-            function.set_args(*[x for b in call.buffers for x in (where[b][0], np.int64(where[b][1]))], *dims)
+            function.set_args(*[x for b in call.buffers for x in (where[b][0], np.int64(where[b][1]))], *dims,
+                              *(scratch if isinstance(call.schedules[which], Split) else ()))
             try:
                 cl.enqueue_nd_range_kernel(queue, function, *sizes)
             except cl.Error as e:  # (out of resources: a work-group too large for this device's registers)

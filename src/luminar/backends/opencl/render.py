@@ -24,7 +24,8 @@ from ...compiler.kernels import (Apply, Const, Gather, IndexValue, Kernel, Kerne
 from ...ops import PRIMITIVES
 from ...symbolic import Var, sym
 from .dialect import OPENCL, Dialect
-from .schedules import Grid, Online, Rows, Schedule, Tiled, default_schedule, hoisted_rows
+from .schedules import Grid, Online, Rows, Schedule, Split, Tiled, default_schedule, hoisted_rows
+from .vector import LANE_NAMES, LANES, vector_loads
 
 
 def render_float(v: float) -> str:
@@ -38,8 +39,10 @@ def render_float(v: float) -> str:
 class Emitter:
     """Turns an IR expression into statements, naming each distinct subexpression once."""
 
-    def __init__(self, program: KernelProgram, dialect: Dialect, indent: str, names: dict | None = None):
+    def __init__(self, program: KernelProgram, dialect: Dialect, indent: str, names: dict | None = None,
+                 vector: bool = False):
         self.program, self.dialect, self.indent = program, dialect, indent
+        self.vector = vector and bool(dialect.load4)  # serial reductions with vector loads where vector.py allows
         self.lines: list[str] = []
         self.names: dict = dict(names or {})  # IR node -> its name, known on entry
         self.count = [0]  # shared with child emitters: names stay unique in the function
@@ -49,7 +52,7 @@ class Emitter:
         return f"{prefix}{self.count[0]}"
 
     def child(self, indent: str = "    ") -> Emitter:
-        inner = Emitter(self.program, self.dialect, self.indent + indent, self.names)
+        inner = Emitter(self.program, self.dialect, self.indent + indent, self.names, self.vector)
         inner.count = self.count
         return inner
 
@@ -111,16 +114,42 @@ class Emitter:
             self.hoist(body.value, var)
 
     def reduce(self, e: Reduce) -> str:
-        """A reduction as a serial loop in the work-item."""
+        """A reduction as a serial loop in the work-item (with vector loads when allowed)."""
         prim, ix = PRIMITIVES[e.op], self.dialect.index
         self.hoist(e.body, e.var.name)
         acc = self.fresh("acc")
         self.lines.append(f"{self.indent}float {acc} = {render_float(prim.identity)};")
+        vectors = vector_loads(self.program, e) if self.vector else None
+        if vectors:
+            self.vector_loop(e, vectors, acc, "0", LANES)
+            return acc
         self.lines.append(f"{self.indent}for ({ix} {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; "
                           f"{e.var.name}++) {{")
         value = self.block(e.body)
         self.lines += [f"{self.indent}    {acc} = {prim.c.format(acc, value)};", f"{self.indent}}}"]
         return acc
+
+    def vector_loop(self, e: Reduce, vectors: list[Load], acc: str, start: str, step: int) -> None:
+        """Accumulate `e` into `acc` over r = start, start + step, ... in runs of LANES steps: each
+        of `vectors` read once per run (the dialect's load4), the LANES steps then in order, each
+        from its lane (vector.py)."""
+        d, r, prim = self.dialect, e.var.name, PRIMITIVES[e.op]
+        base, indent = Var("_" + self.fresh("lanes")), self.indent
+        self.lines.append(f"{indent}for ({d.index} {base.name} = {start}; {base.name} < {e.extent.render_c()}; "
+                          f"{base.name} += {step}) {{")
+        lanes = {}
+        for load in vectors:
+            lanes[load] = self.fresh("vec")
+            address = load.index.substitute({r: base}).render_c()
+            self.lines.append(f"{indent}    const {d.float4} {lanes[load]} = "
+                              f"{d.load4.format(f'b{self.program.buffers[load.buffer].id}', address)};")
+        for lane in range(LANES):
+            inner = self.child("        ")
+            inner.names.update({load: f"{name}.{LANE_NAMES[lane]}" for load, name in lanes.items()})
+            value = inner.emit(e.body)
+            self.lines += [f"{indent}    {{", f"{indent}        const {d.index} {r} = {base.name} + {lane};"] + \
+                inner.lines + [f"{indent}        {acc} = {prim.c.format(acc, value)};", f"{indent}    }}"]
+        self.lines.append(f"{indent}}}")
 
     def gather(self, e: Gather) -> str:
         """The body evaluated once, at the integer the index holds (0.0 when it is not a valid index)."""
@@ -172,7 +201,7 @@ def render_grid(program, kernel, schedule: Grid, d: Dialect) -> list[str]:
              f"({d.index}){d.local_id.format(0)};",
              f"    if (lm_flat >= {n.render_c()}) return;"]
     lines += _unflatten("lm_flat", kernel.loop_vars, kernel.shape, d)
-    em = Emitter(program, d, "    ")
+    em = Emitter(program, d, "    ", vector=schedule.vector > 1)
     value = em.emit(split_reductions(kernel.value))
     return lines + em.lines + [f"    b{kernel.out}[lm_flat] = {value};"]
 
@@ -205,27 +234,45 @@ def render_rows(program, kernel, schedule: Rows, d: Dialect) -> list[str]:
     if d.dims_in_memory:  # (the launch may round dims up: the extra work-groups leave, all their items alike)
         lines.append(f"    if (lm_row >= {numel(kernel.shape[:-1]).render_c()}) return;")
     lines += _unflatten("lm_row", kernel.loop_vars[:-1], kernel.shape[:-1], d)
-    em = Emitter(program, d, "    ")
+    em = Emitter(program, d, "    ", vector=schedule.vector > 1)
     for red in hoisted_rows(kernel):
         prim, acc = PRIMITIVES[red.op], em.fresh("part")
         em.hoist(red.body, red.var.name)
-        em.lines += [f"    float {acc} = {render_float(prim.identity)};",
-                     f"    for ({d.index} {red.var.name} = lm_lid; {red.var.name} < {red.extent.render_c()}; "
-                     f"{red.var.name} += {size}) {{"]
-        value = em.block(red.body)
+        em.lines.append(f"    float {acc} = {render_float(prim.identity)};")
+        vectors = vector_loads(program, red) if em.vector else None
+        if vectors:  # (each work-item's share: runs of LANES consecutive steps, every size-th run)
+            em.vector_loop(red, vectors, acc, f"{LANES} * lm_lid", LANES * size)
+        else:
+            em.lines.append(f"    for ({d.index} {red.var.name} = lm_lid; {red.var.name} < {red.extent.render_c()}; "
+                            f"{red.var.name} += {size}) {{")
+            value = em.block(red.body)
+            em.lines += [f"        {acc} = {prim.c.format(acc, value)};", "    }"]
         total = em.fresh("row")
-        em.lines += [f"        {acc} = {prim.c.format(acc, value)};", "    }",
-                     f"    lm_part[lm_lid] = {acc};", f"    {d.barrier}",
-                     f"    for (int lm_s = {size // 2}; lm_s > 0; lm_s >>= 1) {{",
-                     f"        if (lm_lid < lm_s) lm_part[lm_lid] = {prim.c.format('lm_part[lm_lid]', 'lm_part[lm_lid + lm_s]')};",
-                     f"        {d.barrier}", "    }",
-                     f"    const float {total} = lm_part[0];", f"    {d.barrier}"]
+        em.lines += subgroup_combine(prim, acc, d) if schedule.subgroups else [
+            f"    lm_part[lm_lid] = {acc};", f"    {d.barrier}",
+            f"    for (int lm_s = {size // 2}; lm_s > 0; lm_s >>= 1) {{",
+            f"        if (lm_lid < lm_s) lm_part[lm_lid] = {prim.c.format('lm_part[lm_lid]', 'lm_part[lm_lid + lm_s]')};",
+            f"        {d.barrier}", "    }"]
+        em.lines += [f"    const float {total} = lm_part[0];", f"    {d.barrier}"]
         em.names[red] = total
     em.lines.append(f"    for ({d.index} {inner.name} = lm_lid; {inner.name} < {kernel.shape[-1].render_c()}; "
                     f"{inner.name} += {size}) {{")
     value = em.block(kernel.value)
     em.lines += [f"        b{kernel.out}[lm_row * ({kernel.shape[-1].render_c()}) + {inner.name}] = {value};", "    }"]
     return lines + em.lines
+
+
+def subgroup_combine(prim, acc: str, d: Dialect) -> list[str]:
+    """Combine every work-item's `acc` into lm_part[0]: within each sub-group by shuffles (a
+    butterfly: after it every lane holds its sub-group's value), then the sub-groups' values in
+    order by work-item 0 (deterministic; a work-group has a few sub-groups)."""
+    sg, other = d.subgroups, "lm_other"
+    return [f"    for (int lm_o = {sg.size} / 2; lm_o > 0; lm_o >>= 1) {{",
+            f"        const float {other} = {sg.shuffle_xor.format(acc, 'lm_o')};  /* (every lane shuffles: not inside ?:) */",
+            f"        {acc} = {prim.c.format(acc, other)};", "    }",
+            f"    if ({sg.lane} == 0) lm_part[{sg.id}] = {acc};", f"    {d.barrier}",
+            f"    if (lm_lid == 0) for (int lm_g = 1; lm_g < {sg.count}; lm_g++) "
+            f"lm_part[0] = {prim.c.format('lm_part[0]', 'lm_part[lm_g]')};", f"    {d.barrier}"]
 
 
 def render_tiled(program, kernel, plan: TilePlan, s: Tiled, d: Dialect) -> list[str]:
@@ -339,9 +386,19 @@ def render_kernel(program: KernelProgram, kernel: Kernel, schedule: Schedule | N
         if plan is None or plan.i is None:
             raise ValueError(f"{kernel.name}: the tiled form needs a reduction with row x column structure")
         lines += render_tiled(program, kernel, plan, schedule, dialect)
+    elif isinstance(schedule, Split):
+        from .split import applies, render_split, scratch_params
+        if not applies(kernel) or schedule.local & (schedule.local - 1):
+            raise ValueError(f"{kernel.name}: the split form needs one long reduction, few outputs and a "
+                             "power-of-two work-group")
+        lines[0] = lines[0].replace(") {", f", {scratch_params(dialect)}) {{")
+        lines += render_split(program, kernel, schedule, dialect)
     elif isinstance(schedule, Rows):
         if not hoisted_rows(kernel) or schedule.local & (schedule.local - 1):
             raise ValueError(f"{kernel.name}: the rows form needs row values and a power-of-two work-group")
+        if schedule.subgroups and (dialect.subgroups is None or schedule.local < 32):
+            raise ValueError(f"{kernel.name}: sub-group reductions need a device with sub-group shuffles "
+                             f"({dialect.name} here has none) and work-groups of at least 32")
         lines += render_rows(program, kernel, schedule, dialect)
     elif hasattr(schedule, "render"):  # a form a target defines itself (the cuda target's tensor-core tiles)
         lines += schedule.render(program, kernel, dialect)
@@ -356,6 +413,9 @@ def launch(kernel: Kernel, schedule: Schedule, env: dict) -> tuple[tuple, tuple]
     if isinstance(schedule, Online):
         from .online import launch_online
         return launch_online(kernel, schedule, value)
+    if isinstance(schedule, Split):
+        from .split import launch_split
+        return launch_split(kernel, schedule)
     if isinstance(schedule, Tiled):
         bi, bj = schedule.block
         rows, cols, batch = value(kernel.shape[-2]), value(kernel.shape[-1]), value(numel(kernel.shape[:-2]))
@@ -382,6 +442,7 @@ class Call(NamedTuple):
     # tile of 16 rows computing one wastes 15/16 of its work-items, and on PoCL an element per work-item
     # measured 2.5x faster for a SmolLM2 decode step
     by_rows: bool = False
+    scratch: int = 0  # 4-byte words of zero-initialized device scratch the call's split forms take (split.py)
 
     def pick(self, env: dict, bucket: int) -> int:
         """Which schedule (and function) runs a call with these dims; `bucket`: search.nearest_bucket's."""
@@ -413,5 +474,6 @@ def render_program(program: KernelProgram, chosen: dict | None = None, dialect: 
                 parts.append(render_kernel(view, canon, schedule, dialect, functions[key]))
             names.append(functions[key])
         used = sorted({ld.buffer for ld in loads(canon.value)} | {canon.out})
-        calls.append(Call(kernel, [ids[b] for b in used], names, picked, by_rows))
+        scratch = max((s.scratch(numel(kernel.shape).value) for s in picked if isinstance(s, Split)), default=0)
+        calls.append(Call(kernel, [ids[b] for b in used], names, picked, by_rows, scratch))
     return "\n\n".join(parts) + "\n", calls

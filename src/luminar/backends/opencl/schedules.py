@@ -3,7 +3,8 @@
 A kernel's output is mapped onto a grid of work-groups of work-items:
 
 - `Grid`   one work-item per output element (the flat output index split into work-groups of
-           `local`), every reduction serial inside the work-item: any kernel.
+           `local`), every reduction serial inside the work-item: any kernel. With `vector` 4 a
+           reduction's contiguous float32 operands are read 4 at a time (vector.py; `Rows` too).
 - `Rows`   one work-group per output row; the row values (reductions that do not depend on the
            innermost output index: a softmax's max and sum, a norm's mean) are split across the
            work-group's `local` work-items, combined in local memory with barriers, then each
@@ -14,6 +15,9 @@ A kernel's output is mapped onto a grid of work-groups of work-items:
            covers (wi*ri) x (wj*rj) outputs; with `local` the row and panel operands of `kt`
            reduction steps are staged in local memory by the whole work-group (barriers around),
            else each work-item computes its own.
+- `Split`  a long reduction to few outputs split across work-groups (split.py): each output's
+           `groups` work-groups of `local` work-items reduce strided shares, store partials, and
+           the last to finish combines them (the OpenCL target's default where it applies).
 - `Online` an online-softmax (flash) attention kernel (compiler/online.py, rendered by
            online.py): a work-group per block of `rows` query rows, `lanes` work-items per row,
            keys and values staged `keys` at a time in local memory; the scores never leave it.
@@ -38,18 +42,26 @@ PORTABLE_LOCAL_BYTES = 32768  # local memory every OpenCL device (full profile) 
 class Grid:
     kind: ClassVar[str] = "grid"
     local: int = GROUP
+    vector: int = 1  # 4: serial reductions read their contiguous float32 operands 4 at a time (vector.py)
 
     def describe(self) -> str:
-        return f"grid: an output element per work-item, work-groups of {self.local}"
+        return f"grid: an output element per work-item, work-groups of {self.local}{_vector_words(self.vector)}"
 
 
 @dataclass(frozen=True)
 class Rows:
     kind: ClassVar[str] = "rows"
     local: int = GROUP  # a power of two (the local-memory reduction halves it)
+    vector: int = 1  # as Grid's: each work-item's share of a row value in runs of 4, read as vectors
+    subgroups: bool = False  # combine across each sub-group by shuffles first (render.subgroup_combine)
 
     def describe(self) -> str:
-        return f"rows: a work-group of {self.local} per row, row values reduced in local memory"
+        where = "by sub-group shuffles, then local memory" if self.subgroups else "in local memory"
+        return f"rows: a work-group of {self.local} per row, row values reduced {where}{_vector_words(self.vector)}"
+
+
+def _vector_words(vector: int) -> str:
+    return f", reductions with vector loads of {vector}" if vector > 1 else ""
 
 
 @dataclass(frozen=True)
@@ -98,8 +110,28 @@ class Online:
                 f"{self.keys} keys staged in local memory at a time")
 
 
-Schedule = Grid | Rows | Tiled | Online
-KINDS = {cls.kind: cls for cls in (Grid, Rows, Tiled, Online)}
+@dataclass(frozen=True)
+class Split:
+    kind: ClassVar[str] = "split"
+    groups: int = 64  # work-groups per output
+    local: int = 64  # work-items per work-group: a power of two (the local-memory reduction halves it)
+    # True: each work-item reduces one contiguous run of the reduction (a CPU device: its cache
+    # lines stay with one work-item); False: consecutive work-items read consecutive elements (a
+    # GPU: coalesced reads)
+    runs: bool = False
+
+    def scratch(self, outputs: int) -> int:
+        """4-byte words of device scratch a call needs: a counter per output, then the partials."""
+        return outputs * (1 + self.groups)
+
+    def describe(self) -> str:
+        shares = "a contiguous run per work-item" if self.runs else "strided shares"
+        return (f"split: each output's reduction over {self.groups} work-groups of {self.local} ({shares}), "
+                "the partials combined in order by the last work-group")
+
+
+Schedule = Grid | Rows | Tiled | Online | Split
+KINDS = {cls.kind: cls for cls in (Grid, Rows, Tiled, Online, Split)}
 
 
 def to_json(schedule: Schedule) -> dict:

@@ -5,12 +5,17 @@ down to ``body()``, and the ``pack`` mark, PACK); here the loop kinds mean
 
   "s"     a serial loop (inside a work-item)          "grid"  across work-groups
   "item"  across the work-items of a work-group       "reg"   a register tile, unrolled per work-item
+  "vload4" an item loop whose work-items read their reductions' contiguous operands 4 at a time
+  "run"   (the reduction r of a Split, split.py, under its grid loop) work-items each reducing a contiguous run
+  "shuffle" an item loop whose work-items combine row values by sub-group shuffles (devices that have them)
 
 and ``pack`` stages operands in local memory. Facts about a kernel (work-group extents per dim,
 register-tile factors, staged reduction depths, which dims are batch dims) guard small rewrite
 rules, run in stages:
 
   map       split a loop into work-groups of f work-items (grid over item); batch dims go to the grid
+  item kinds the innermost dim's item loop reads with vector loads (where vector.py's guard holds),
+            or combines by sub-group shuffles (a Rows kernel, on a device with them)
   stage     block the reduction by kt steps, staged in local memory (pack) below the block loop
   register  give each work-item g outputs of an item loop (a register tile)
   order     grid loops move out of item loops; register loops sink below the reduction (the
@@ -28,18 +33,22 @@ from ...compiler.search import PACK, Loop, Space
 from ...compiler.online import online_plan
 from .online import fits
 from .schedules import Grid, Online, Rows, Tiled, default_schedule, hoisted_rows
+from .vector import LANES, vectorizable
 
 FLAT_GROUPS = (32, 64, 128, 256)  # work-group sizes of the Grid and Rows forms
 TILE_GROUPS = {"i": (4, 8, 16), "j": (4, 8, 16, 32)}  # work-items along the rows and columns of a tile
 REGISTERS = (2, 4)  # outputs per work-item along a tile's dim
 STAGED = (8, 16, 32)  # reduction steps staged in local memory at a time
 ONLINE_FORMS = (Online(16, 32, 4), Online(16, 32, 8), Online(32, 32, 4), Online(8, 64, 8), Online(16, 64, 16))
-RANK = {"s": 0, "grid": 1, "item": 2, "block": 3, "pack": 4, "point": 5, "reg": 6}  # a nest's order, outer to inner
+# a nest's order, outer to inner
+RANK = {"s": 0, "grid": 1, "item": 2, "vload4": 2, "run": 2, "shuffle": 2, "block": 3, "pack": 4, "point": 5, "reg": 6}
+ITEMS = ("item", "vload4", "shuffle")  # the kinds of a flat form's work-items loop
 
 
-def space(kernel: Kernel, env: dict, max_group: int) -> Space | None:
+def space(kernel: Kernel, env: dict, max_group: int, subgroups: bool = False) -> Space | None:
     """The naive nest (a loop per output dim, then the reduction "r" when there is exactly one)
-    and the facts guarding the rules; None for a scalar output (nothing to map)."""
+    and the facts guarding the rules; None for a scalar output (nothing to map). `subgroups`:
+    the device has sub-group shuffles (the Rows form may combine with them)."""
     if not kernel.shape:
         return None
     names = [v.name for v in kernel.loop_vars]
@@ -51,6 +60,8 @@ def space(kernel: Kernel, env: dict, max_group: int) -> Space | None:
         nest.append(Loop("r", value_at(red.extent, env), 1, "s"))
         facts.append(("extent", "r", nest[-1].span))
     facts += [("group", names[-1], f) for f in FLAT_GROUPS if f <= max_group]
+    facts += [("vector", names[-1])] if vectorizable(kernel) else []
+    facts += [("subgroups", names[-1])] if subgroups and hoisted_rows(kernel) else []
     if plan is not None and plan.i is not None:
         i, j = names[-2], names[-1]
         facts += [("group", i, f) for f in TILE_GROUPS["i"]] + [("group", j, f) for f in TILE_GROUPS["j"]]
@@ -61,12 +72,13 @@ def space(kernel: Kernel, env: dict, max_group: int) -> Space | None:
 
 
 def rules(language):
-    """The fact relations and the staged rulesets (map, stage, register, order)."""
+    """The fact relations and the staged rulesets (map, item kinds, stage, register, order)."""
     from egglog import String, i64, ne, relation, rewrite, ruleset, var, vars_
     Nest = language.Nest
     fact = {"extent": relation("gpu_extent", String, i64), "group": relation("gpu_group", String, i64),
             "reg": relation("gpu_reg", String, i64), "stage": relation("gpu_stage", i64),
-            "batch": relation("gpu_batch", String)}
+            "batch": relation("gpu_batch", String), "vector": relation("gpu_vector", String),
+            "subgroups": relation("gpu_subgroups", String)}
     d, e, k = vars_("d e k", String)
     sp, st, sp2, st2, f = vars_("sp st sp2 st2 f", i64)
     x = var("x", Nest)
@@ -75,6 +87,9 @@ def rules(language):
         rewrite(L(d, sp, 1, "s", x)).to(L(d, sp, f, "grid", L(d, f, 1, "item", x)), fact["group"](d, f)),
         rewrite(L(d, sp, 1, "s", x)).to(L(d, sp, 1, "grid", x), fact["batch"](d)),
         name="gpu_map")
+    item_kinds = ruleset(rewrite(L(d, sp, 1, "item", x)).to(L(d, sp, 1, "vload4", x), fact["vector"](d)),
+                         rewrite(L(d, sp, 1, "item", x)).to(L(d, sp, 1, "shuffle", x), fact["subgroups"](d)),
+                         name="gpu_item_kinds")
     stage = ruleset(
         rewrite(L("r", sp, 1, "s", x)).to(L("r", sp, f, "s", Nest.mark(PACK.what, L("r", f, 1, "s", x))),
                                           fact["stage"](f), fact["extent"]("r", sp)),
@@ -89,7 +104,7 @@ def rules(language):
                                                              ne(d).to(e), ne(k).to("reg")),
         rewrite(L(d, sp, 1, "reg", Nest.mark(PACK.what, x))).to(Nest.mark(PACK.what, L(d, sp, 1, "reg", x))),
         name="gpu_order")
-    return fact, [map_, stage, register, order]
+    return fact, [map_, item_kinds, stage, register, order]
 
 
 def _rank(item) -> int:
@@ -114,7 +129,7 @@ def viable(kernel: Kernel, sp: Space):
         kinds = {(it.dim, it.kind) for it in prefix if it != PACK}
         if (item.dim, item.kind) in kinds and item.kind != "s":
             return False
-        if item.kind == "item":
+        if item.kind in (*ITEMS, "run"):
             return (item.dim, "grid") in kinds
         if item.kind == "reg":
             return (item.dim, "item") in kinds
@@ -143,7 +158,9 @@ def to_schedule(nest: tuple, kernel: Kernel, max_group: int, local_bytes: int):
     """The form a nest describes, or None when it is none of them or the device cannot run it."""
     _, names, operands, rows_form = _shape(kernel)
     loops = [it for it in nest if it != PACK]
-    items = {it.dim: it for it in loops if it.kind == "item"}
+    items = {it.dim: it for it in loops if it.kind in ITEMS}
+    lanes = LANES if any(it.kind == "vload4" for it in loops) else 1
+    shuffles = any(it.kind == "shuffle" for it in loops)
     regs = {it.dim: it.span for it in loops if it.kind == "reg"}
     blocks = [it for it in loops if it.dim == "r" and it.step > 1]
     serial = [it.dim for it in loops if it.kind == "s" and it.dim != "r"]
@@ -151,11 +168,12 @@ def to_schedule(nest: tuple, kernel: Kernel, max_group: int, local_bytes: int):
     if set(items) == {names[-1]} and not regs and not packed and not blocks:
         size = items[names[-1]].span
         if rows_form:
-            return Rows(size) if size & (size - 1) == 0 else None
-        return Grid(size)
+            return Rows(size, lanes, shuffles) if size & (size - 1) == 0 and (size >= 32 or not shuffles) else None
+        return None if shuffles else Grid(size, lanes)
     i, j = names[-2:] if len(names) > 1 else (None, names[-1])
     # (batch dims run across work-groups whether the nest maps them to the grid or leaves them serial)
-    if operands is None or set(items) != {i, j} or {i, j} & set(serial) or packed != bool(blocks):
+    if operands is None or set(items) != {i, j} or {i, j} & set(serial) or packed != bool(blocks) or lanes > 1 \
+            or shuffles:
         return None
     tiled = Tiled(wi=items[i].span, wj=items[j].span, ri=regs.get(i, 1), rj=regs.get(j, 1),
                   kt=blocks[0].step if blocks else Tiled.kt, local=packed)
@@ -165,10 +183,11 @@ def to_schedule(nest: tuple, kernel: Kernel, max_group: int, local_bytes: int):
 
 
 def family(schedule) -> tuple:
-    """Schedules the cost model cannot tell apart: one register tile and staging, one group size."""
+    """Schedules the cost model cannot tell apart: one register tile and staging; a flat form (any
+    work-group size) with or without vector loads, with or without sub-group shuffles."""
     if isinstance(schedule, Tiled):
         return (schedule.kind, schedule.ri, schedule.rj, schedule.local)
-    return (schedule.kind,)
+    return (schedule.kind, getattr(schedule, "vector", 1), getattr(schedule, "subgroups", False))
 
 
 RATE, BANDWIDTH, LOCAL_BANDWIDTH = 50e9, 100e9, 400e9  # arithmetic/s, device and local memory bytes/s (rough)
