@@ -187,9 +187,12 @@ def fuse(monkeypatch, tmp_path):
     real = search._time_fusion
 
     def force(decision):
-        def timed(*args):
-            result = real(*args)
-            return dataclasses.replace(result, chosen=decision and any(t is not None for _, t, _ in result.candidates))
+        def timed(target, *args):
+            result = real(target, *args)
+            forced = dataclasses.replace(result, chosen=decision and any(t is not None for _, t, _ in result.candidates))
+            if result.unfused_s:  # (timed, so cached: the cache must hold the decision this compile made)
+                search.store_tuning(target, args[-1], forced)
+            return forced
         monkeypatch.setattr(search, "_time_fusion", timed)
     return force
 
