@@ -24,7 +24,12 @@ from ...ops import PRIMITIVES
 from ..opencl.dialect import Dialect
 from ..opencl.render import Emitter, _unflatten, render_float
 # (the opencl target's split form decides where splitting applies, and combines a block's values, alike)
-from ..opencl.split import MAX_OUTPUTS, applies, combine as _combine  # noqa: F401  (applies: cuda/target.py's)
+from ..opencl.split import MAX_OUTPUTS, LastGroup, applies, last_group_combines  # noqa: F401  (applies: cuda/target.py's)
+
+# the partial visible device-wide before the count; the last block fences again, then reads the
+# partials through a volatile pointer (not from its cache)
+CUDA_LAST_BLOCK = LastGroup("__threadfence();", "atomicAdd(&{0}, 1u)", "__threadfence();",
+                            "((volatile float *)lm_partials)[{0}]")
 
 
 @dataclass(frozen=True)
@@ -63,20 +68,6 @@ def render_split(program, kernel: Kernel, s: Split, d: Dialect) -> list[str]:
                  f"    for ({ix} {r} = lm_block * {s.local} + lm_lid; {r} < {red.extent.render_c()}; "
                  f"{r} += {s.blocks * s.local}) {{"]
     value = em.block(red.body)
-    em.lines += [f"        lm_acc = {prim.c.format('lm_acc', value)};", "    }", "    lm_part[lm_lid] = lm_acc;"]
-    em.lines += _combine(prim, s.local, d) + [
-        "    if (lm_lid == 0) {",
-        f"        lm_partials[lm_flat * {s.blocks} + lm_block] = lm_part[0];",
-        "        __threadfence();  // the partial is visible before the counter says so",
-        f"        lm_last = atomicAdd(&lm_done[lm_flat], 1u) == {s.blocks - 1};", "    }", f"    {d.barrier}",
-        "    if (!lm_last) return;  // (uniform across the block: lm_last is shared)",
-        "    __threadfence();",
-        f"    float lm_total = {identity};",
-        f"    for (int lm_b = lm_lid; lm_b < {s.blocks}; lm_b += {s.local}) "
-        f"lm_total = {prim.c.format('lm_total', f'((volatile float *)lm_partials)[lm_flat * {s.blocks} + lm_b]')};",
-        "    lm_part[lm_lid] = lm_total;"] + _combine(prim, s.local, d) + ["    if (lm_lid == 0) {"]
-    out = Emitter(program, d, "        ", {**em.names, red: "lm_part[0]"})
-    out.count = em.count
-    result = out.emit(kernel.value)
-    em.lines += out.lines + [f"        b{kernel.out}[lm_flat] = {result};", "        lm_done[lm_flat] = 0;", "    }"]
+    em.lines += [f"        lm_acc = {prim.c.format('lm_acc', value)};", "    }"]
+    em.lines += last_group_combines(kernel, em, s.blocks, s.local, d, CUDA_LAST_BLOCK)
     return lines + em.lines

@@ -25,6 +25,8 @@ __threadfence) and shares `applies` and the combining tree from here.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...compiler.analysis import single_reduce, value_at, work
 from ...compiler.kernels import Kernel, numel
 from ...compiler.search import Loop, Space
@@ -60,6 +62,42 @@ def scratch_params(d: Dialect) -> str:
     return f"{d.global_ptr} int *lm_scratch_base, const {d.index} lm_scratch_off"
 
 
+@dataclass(frozen=True)
+class LastGroup:
+    """How a work-group makes its partial visible and learns it is the last to finish: the
+    memory-model spellings, which differ between OpenCL and CUDA."""
+    publish: str  # orders the partial's store before the count
+    count: str  # the atomic increment of counter {0}, yielding its previous value
+    acquire: str = ""  # in the last group, before it reads the other groups' partials
+    partial: str = "lm_partials[{0}]"  # a read of partial {0}
+
+
+OPENCL_LAST_GROUP = LastGroup("mem_fence(CLK_GLOBAL_MEM_FENCE);", "atomic_inc(&{0})")
+
+
+def last_group_combines(kernel: Kernel, em: Emitter, groups: int, local: int, d: Dialect, how: LastGroup) -> list[str]:
+    """After each work-item's lm_acc: the group's partial stored and counted; the last group
+    combines the partials in group order, writes the output through the kernel's epilogue and
+    resets the counter for the next launch."""
+    red = single_reduce(kernel)
+    prim, identity = PRIMITIVES[red.op], render_float(PRIMITIVES[red.op].identity)
+    lines = ["    lm_part[lm_lid] = lm_acc;"] + combine(prim, local, d) + [
+        "    if (lm_lid == 0) {",
+        f"        lm_partials[lm_flat * {groups} + lm_block] = lm_part[0];",
+        f"        {how.publish}  /* the partial is stored before the count says so */",
+        f"        lm_last = {how.count.format('lm_done[lm_flat]')} == {groups - 1};", "    }", f"    {d.barrier}",
+        "    if (!lm_last) return;  /* (the same for every work-item of the group: lm_last is local) */"]
+    lines += [f"    {how.acquire}"] * bool(how.acquire) + [
+        f"    float lm_total = {identity};",
+        f"    for (int lm_b = lm_lid; lm_b < {groups}; lm_b += {local}) "
+        f"lm_total = {prim.c.format('lm_total', how.partial.format(f'lm_flat * {groups} + lm_b'))};",
+        "    lm_part[lm_lid] = lm_total;"] + combine(prim, local, d) + ["    if (lm_lid == 0) {"]
+    out = Emitter(em.program, d, "        ", {**em.names, red: "lm_part[0]"})
+    out.count = em.count
+    result = out.emit(kernel.value)
+    return lines + out.lines + [f"        b{kernel.out}[lm_flat] = {result};", "        lm_done[lm_flat] = 0;", "    }"]
+
+
 def render_split(program, kernel: Kernel, s: Split, d: Dialect) -> list[str]:
     """The function body (after the signature, which ends with scratch_params)."""
     red = single_reduce(kernel)
@@ -82,21 +120,7 @@ def render_split(program, kernel: Kernel, s: Split, d: Dialect) -> list[str]:
         em.lines.append(f"    for ({ix} {r} = lm_block * {s.local} + lm_lid; {r} < {extent}; {r} += {items}) {{")
         value = em.block(red.body)
         em.lines += [f"        lm_acc = {prim.c.format('lm_acc', value)};", "    }"]
-    em.lines.append("    lm_part[lm_lid] = lm_acc;")
-    em.lines += combine(prim, s.local, d) + [
-        "    if (lm_lid == 0) {",
-        f"        lm_partials[lm_flat * {s.groups} + lm_block] = lm_part[0];",
-        "        mem_fence(CLK_GLOBAL_MEM_FENCE);  /* the partial is stored before the count says so */",
-        f"        lm_last = atomic_inc(&lm_done[lm_flat]) == {s.groups - 1};", "    }", f"    {d.barrier}",
-        "    if (!lm_last) return;  /* (the same for every work-item of the group: lm_last is local) */",
-        f"    float lm_total = {identity};",
-        f"    for (int lm_b = lm_lid; lm_b < {s.groups}; lm_b += {s.local}) "
-        f"lm_total = {prim.c.format('lm_total', f'lm_partials[lm_flat * {s.groups} + lm_b]')};",
-        "    lm_part[lm_lid] = lm_total;"] + combine(prim, s.local, d) + ["    if (lm_lid == 0) {"]
-    out = Emitter(program, d, "        ", {**em.names, red: "lm_part[0]"})
-    out.count = em.count
-    result = out.emit(kernel.value)
-    em.lines += out.lines + [f"        b{kernel.out}[lm_flat] = {result};", "        lm_done[lm_flat] = 0;", "    }"]
+    em.lines += last_group_combines(kernel, em, s.groups, s.local, d, OPENCL_LAST_GROUP)
     return lines + em.lines
 
 
@@ -122,7 +146,7 @@ def _run_loop(em, red, s: Split, d: Dialect) -> list[str]:
             [f"            {chain} = {prim.c.format(chain, value)};", "        }"]
     tail = em.child()
     value = tail.emit(red.body)
-    lines += ["    }", f"    for (; lm_at < lm_end; lm_at++) {{", f"        const {ix} {r} = lm_at;"] + tail.lines + \
+    lines += ["    }", "    for (; lm_at < lm_end; lm_at++) {", f"        const {ix} {r} = lm_at;"] + tail.lines + \
         [f"        {chains[0]} = {prim.c.format(chains[0], value)};", "    }"]
     return lines + [f"    lm_acc = {prim.c.format('lm_acc', chain)};" for chain in chains]
 
