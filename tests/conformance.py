@@ -11,6 +11,8 @@ fused attention kernel the GPU targets' online (flash) forms compute.
 import numpy as np
 import pytest
 
+import luminar as lm
+
 import test_elementwise as elementwise
 import test_graph as graph_tests
 import test_indexing as indexing
@@ -115,6 +117,22 @@ def train_step_keeps_its_state_on_the_device(backend: str):
     assert set(mine) == set(reference)
     for key in reference:
         np.testing.assert_allclose(mine[key], reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def updated_state_stays_on_the_device(backend: str):
+    """An update w <- w - x / 2 over three calls: the state and the output as numpy's; the device
+    buffer stays the current value (the held host array is the state: no upload next call)."""
+    g = lm.Graph()
+    w, x = g.tensor("w", (4,)), g.tensor("x", (4,))
+    g.update(w, w - x * 0.5)
+    (w * 1.0).sum().output("total")
+    program = g.compile(backend).set_inputs(w=np.ones(4, np.float32))
+    step = np.array([1, 2, 3, 4], np.float32)
+    for k in range(1, 4):
+        out = program(x=step)
+        np.testing.assert_allclose(program.state["w"], 1 - 0.5 * k * step)
+        np.testing.assert_allclose(out["total"], (1 - 0.5 * (k - 1) * step).sum())
+    assert program._inputs["w"][0] is program.state["w"]
 
 
 def fused_attention(**shape):

@@ -25,6 +25,7 @@ except CompilerError as e:
 
 from conformance import CONFORMANCE, small_llama_matches_transformers  # noqa: E402
 from conformance import kv_cache_stays_on_the_device, train_step_keeps_its_state_on_the_device  # noqa: E402
+from conformance import updated_state_stays_on_the_device  # noqa: E402
 from conftest import rand  # noqa: E402
 from luminar.backends.cuda import CUDATarget, DeviceError  # noqa: E402
 from luminar.backends.cuda import driver  # noqa: E402
@@ -302,7 +303,7 @@ def test_the_split_reduction_combines_every_block_in_an_emulation_of_cuda(tmp_pa
 from conformance import fused_attention, search_fuses_attention_into_the_online_form  # noqa: E402
 from luminar.backends.opencl.schedules import Online  # noqa: E402
 from luminar.backends.opencl.space import ONLINE_FORMS  # noqa: E402
-from test_fusion import attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
+from test_fusion import attention_inputs, causal_attention_of_any_length, fuse  # noqa: E402,F401  (fuse: a fixture)
 
 
 @pytest.mark.parametrize("shape", [dict(heads=8, rows=4096, keys=4096, dim=64, mask="causal"),  # the GPU check's
@@ -365,12 +366,7 @@ def test_the_online_form_computes_attention_in_an_emulation_of_cuda(shape, tmp_p
 def test_the_online_form_with_a_symbolic_length_launched_for_a_rounded_length_in_an_emulation(tmp_path):
     """As the runtime launches it (the grid sized for the length rounded up to a power of two,
     the kernel reading the real one from the dims array): the extra row blocks store nothing."""
-    import math
-    g = lm.Graph()
-    q, k, v = (g.tensor(n, (2, "s", 32)) for n in "qkv")
-    n = q.shape[1]
-    visible = g.arange(n).unsqueeze(1) >= g.arange(n).unsqueeze(0)
-    ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(32))).masked_fill(1.0 - visible, -1e30).softmax(-1).matmul(v).output("o")
+    g = causal_attention_of_any_length(heads=2, dim=32)
     from luminar.compiler.kernels import Lowering
     from luminar.compiler.online import fusion_regions, online_plan
     lowering = Lowering(optimize(g))
@@ -658,14 +654,7 @@ def test_a_call_is_one_graph_replayed_with_its_changed_nodes_updated():
 
 @needs_gpu
 def test_updated_state_stays_on_the_device():
-    g = lm.Graph()
-    p, grad = g.tensor("p", (1000,)), g.tensor("g", (1000,))
-    g.update(p, p - grad * 0.5)
-    (p * 1.0).sum().output("total")
-    program = g.compile("cuda").set_inputs(p=np.ones(1000, np.float32))
-    for _ in range(3):
-        program(g=np.ones(1000, np.float32))
-    np.testing.assert_allclose(program.state["p"], np.full(1000, -0.5, np.float32))
+    updated_state_stays_on_the_device("cuda")
 
 
 @needs_gpu

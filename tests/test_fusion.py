@@ -224,15 +224,20 @@ def search_schedule(program, kernel):
     return per[0].schedule if per else default_schedule(kernel)
 
 
-def test_fused_attention_matches_torch_sdpa_with_a_symbolic_length(fuse):
-    fuse(True)
+def causal_attention_of_any_length(heads: int, dim: int) -> lm.Graph:
+    """The naive causal attention graph with the sequence length a symbolic dim `s` (as a Llama's)."""
     import math
     g = lm.Graph()
-    q, k, v = g.tensor("q", (4, "s", 64)), g.tensor("k", (4, "s", 64)), g.tensor("v", (4, "s", 64))
-    s = q.shape[1]
-    visible = g.arange(s).unsqueeze(1) >= g.arange(s).unsqueeze(0)
-    ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(64))).masked_fill(1.0 - visible, -1e30).softmax(-1).matmul(v).output("o")
-    program = g.compile("cpu", search=True, search_dims={"s": 100})
+    q, k, v = (g.tensor(name, (heads, "s", dim)) for name in "qkv")
+    n = q.shape[1]
+    visible = g.arange(n).unsqueeze(1) >= g.arange(n).unsqueeze(0)
+    ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(dim))).masked_fill(1.0 - visible, -1e30).softmax(-1).matmul(v).output("o")
+    return g
+
+
+def test_fused_attention_matches_torch_sdpa_with_a_symbolic_length(fuse):
+    fuse(True)
+    program = causal_attention_of_any_length(heads=4, dim=64).compile("cpu", search=True, search_dims={"s": 100})
     assert program.fusions and program.fusions[0].chosen
     for n in (1, 63, 129):
         arrays = attention_inputs(heads=4, rows=n, keys=n, dim=64, seed=n)

@@ -32,6 +32,7 @@ import test_graph as graph_tests  # noqa: E402
 from conftest import rand  # noqa: E402
 from conformance import CONFORMANCE, small_llama_matches_transformers  # noqa: E402  (each runs with backend="opencl")
 from conformance import kv_cache_stays_on_the_device, train_step_keeps_its_state_on_the_device  # noqa: E402
+from conformance import updated_state_stays_on_the_device  # noqa: E402
 
 
 def _case_id(case) -> str:
@@ -304,7 +305,7 @@ def test_sub_group_shuffles_are_used_only_where_the_device_reports_them():
 
 
 # -- the online-softmax (flash) attention form ---------------------------------------------------------
-from test_fusion import attention_inputs, fuse  # noqa: E402,F401  (fuse: a fixture)
+from test_fusion import attention_inputs, causal_attention_of_any_length, fuse  # noqa: E402,F401  (fuse: a fixture)
 from conformance import fused_attention, search_fuses_attention_into_the_online_form  # noqa: E402
 from luminar.backends.opencl.schedules import Online  # noqa: E402
 
@@ -354,17 +355,11 @@ def test_fused_attention_with_a_symbolic_length_matches_torch_sdpa(fuse, monkeyp
     """The online kernel with the sequence length a kernel argument (as a Llama's cache length):
     one compile, right at lengths below, inside and above a block, against torch's causal
     scaled_dot_product_attention."""
-    import math
     import torch
     from luminar.backends.opencl import space as space_module
     monkeypatch.setattr(space_module, "ONLINE_FORMS", tuple(ONLINE[:1]))
     fuse(True)
-    g = lm.Graph()
-    q, k, v = g.tensor("q", (2, "s", 64)), g.tensor("k", (2, "s", 64)), g.tensor("v", (2, "s", 64))
-    n = q.shape[1]
-    visible = g.arange(n).unsqueeze(1) >= g.arange(n).unsqueeze(0)
-    ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(64))).masked_fill(1.0 - visible, -1e30).softmax(-1).matmul(v).output("o")
-    program = g.compile("opencl", search=2, search_dims={"s": 64})
+    program = causal_attention_of_any_length(heads=2, dim=64).compile("opencl", search=2, search_dims={"s": 64})
     assert [f.chosen for f in program.fusions] == [True]
     for length in (1, 17, 100):
         arrays = attention_inputs(heads=2, rows=length, keys=length, dim=64, seed=length)
@@ -420,18 +415,7 @@ def test_symbolic_dims_are_kernel_arguments():
 
 
 def test_updated_state_stays_on_the_device():
-    g = lm.Graph()
-    w, x = g.tensor("w", (4,)), g.tensor("x", (4,))
-    g.update(w, w - x * 0.5)
-    (w * 1.0).sum().output("total")
-    program = g.compile("opencl").set_inputs(w=np.ones(4, np.float32))
-    step = np.array([1, 2, 3, 4], np.float32)
-    for k in range(1, 4):
-        out = program(x=step)
-        np.testing.assert_allclose(program.state["w"], 1 - 0.5 * k * step)
-        np.testing.assert_allclose(out["total"], (1 - 0.5 * (k - 1) * step).sum())
-    held = program._inputs["w"]
-    assert held[0] is program.state["w"]  # the device buffer holds the host array's value: no upload next call
+    updated_state_stays_on_the_device("opencl")
 
 
 def test_updated_state_is_copied_to_the_host_only_when_read():
