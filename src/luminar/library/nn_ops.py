@@ -97,20 +97,13 @@ def _check_affine(op: str, name: str, param, shape):
                          f"got {show_shape(param.dims)}")
 
 
-def _mean(x, axes, shape):
-    """Mean over `axes` (kept), dividing by the element count even when it is symbolic."""
-    count = math.prod(shape, start=parse_dim(1))
-    total = x.sum(axes, keepdim=True)
-    return total * (1.0 / count.value) if count.is_const else total / x.graph.constant(count)
-
-
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     """torch.nn.functional.layer_norm: (x - mean) / sqrt(biased var + eps) * weight + bias over the trailing dims."""
     axes, shape = _normalized("layer_norm", input, normalized_shape)
     _check_affine("layer_norm", "weight", weight, shape)
     _check_affine("layer_norm", "bias", bias, shape)
-    centered = input - _mean(input, axes, shape)
-    variance = _mean(centered * centered, axes, shape)
+    centered = input - input.mean(axes, keepdim=True)
+    variance = (centered * centered).mean(axes, keepdim=True)
     out = centered * (variance + eps).sqrt().reciprocal()
     if weight is not None:
         out = out * weight
@@ -122,7 +115,7 @@ def rms_norm(input, normalized_shape, weight=None, eps: float | None = None):
     axes, shape = _normalized("rms_norm", input, normalized_shape)
     _check_affine("rms_norm", "weight", weight, shape)
     eps = _FLOAT32_EPS if eps is None else eps
-    out = input * (_mean(input * input, axes, shape) + eps).sqrt().reciprocal()
+    out = input * ((input * input).mean(axes, keepdim=True) + eps).sqrt().reciprocal()
     return out if weight is None else out * weight
 
 

@@ -284,16 +284,6 @@ def norm(x: GraphTensor, p="fro", dim=None, keepdim: bool = False) -> GraphTenso
     return (powered.sum(axes, keepdim).log2() * (1.0 / p)).exp2()
 
 
-def sum_(input: GraphTensor, dim=None, keepdim: bool = False) -> GraphTensor:
-    """torch.sum(input, dim, keepdim): GraphTensor.sum as a function."""
-    return input.sum(dim, keepdim)
-
-
-def amax_(input: GraphTensor, dim=None, keepdim: bool = False) -> GraphTensor:
-    """torch.amax(input, dim, keepdim): GraphTensor.amax as a function."""
-    return input.amax(dim, keepdim)
-
-
 METHODS = {
     "mean": mean, "var": var, "std": std, "var_mean": var_mean, "std_mean": std_mean,
     "amin": amin, "max": max_, "min": min_, "argmax": argmax, "argmin": argmin,
@@ -301,5 +291,6 @@ METHODS = {
     "all": all_, "any": any_, "count_nonzero": count_nonzero, "norm": norm,
 }
 
-# sum and amax are GraphTensor's own methods; they become top-level functions here.
-FUNCTIONS = {"sum": sum_, "amax": amax_}
+# sum and amax are GraphTensor's own methods; they become top-level functions here
+# (torch.sum(input, dim, keepdim)), as the unbound methods themselves.
+FUNCTIONS = {"sum": GraphTensor.sum, "amax": GraphTensor.amax}
