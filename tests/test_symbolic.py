@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from luminar.symbolic import C_HELPERS, Expr, Var, smin, smax, substitute_all, sym
+from luminar.symbolic import C_HELPERS, Expr, Var, smin, smax, sym
 
 # -- random expressions: a nested tuple, built two ways ------------------------------------
 
@@ -132,7 +132,6 @@ def test_vars_and_substitute():
     assert e.substitute({"s": 15}) == (t + 15) // 8
     assert e.substitute({"unknown": 3}) == e
     assert e.substitute({"s": 3, "t": 5}) == 1
-    assert substitute_all([s, s * 2, 7], {"s": t}) == (t, t * 2, sym(7))
 
 
 def test_evaluate_missing_variable_names_it():

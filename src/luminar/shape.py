@@ -100,10 +100,9 @@ class ShapeTracker:
         idx = index_vars(self.shape) if idx is None else [sym(i) for i in idx]
         return sum((i * s for i, s in zip(idx, self.strides)), self.offset)
 
-    def valid_expr(self, idx=None) -> Expr:
-        """Whether position `idx` reads the buffer (1) or is padding (0)."""
-        if idx is None:
-            return self.valid
+    def valid_expr(self, idx) -> Expr:
+        """Whether position `idx` reads the buffer (1) or is padding (0); `self.valid` is this at
+        the index variables themselves."""
         return self.valid.substitute({f"_d{k}": sym(i) for k, i in enumerate(idx)})
 
     # -- view ops: each returns a new tracker ------------------------------------------------

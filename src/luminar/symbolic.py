@@ -563,10 +563,6 @@ def _recombine(terms: dict) -> int:
     return 0
 
 
-def _term_order(term_and_coeff) -> tuple:
-    return term_and_coeff[0]._order
-
-
 def _make_sum(terms: dict, const: int) -> Expr:
     terms = {t: c for t, c in terms.items() if c != 0}
     if any(type(t) is Mod for t in terms):  # only a Mod term can recombine
@@ -578,7 +574,7 @@ def _make_sum(terms: dict, const: int) -> Expr:
         ((term, coeff),) = terms.items()
         if coeff == 1:
             return term
-    return Sum(tuple(sorted(terms.items(), key=_term_order)), const)
+    return Sum(tuple(sorted(terms.items(), key=lambda term_and_coeff: term_and_coeff[0]._order)), const)
 
 
 @_memoized
@@ -786,7 +782,3 @@ def _logic(cls: type, a: Expr, b: Expr) -> Expr:
     if a == b:
         return _as_bool(a)
     return cls(*_canonical_pair(a, b))
-
-
-def substitute_all(exprs, mapping: dict) -> tuple[Expr, ...]:
-    return tuple(sym(e).substitute(mapping) for e in exprs)
