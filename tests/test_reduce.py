@@ -314,3 +314,18 @@ def test_adjacent_reduced_axes_become_one_reduction():
     out = g.compile("reference")(x=a)
     np.testing.assert_allclose(out["a"], a.sum((0, 1)), rtol=1e-5)
     np.testing.assert_allclose(out["b"], a.transpose(0, 2, 1, 3).sum((1, 2)), rtol=1e-5)
+
+
+def test_merged_axes_below_other_reduced_axes_keep_the_shape():
+    """Merging two adjacent reduced axes shifts the reduced axes above them down by one (a sum
+    over (1, 2, 4) of a 5-D tensor once reduced a stale axis 4 and kept the last dim)."""
+    g = lm.Graph()
+    x = g.tensor("x", (2, 3, 4, 5, 6))
+    y = x.sum((1, 2, 4))
+    assert y.shape == (2, 5)
+    y.output("y")
+    x.sum((0, 1, 3, 4), keepdim=True).output("k")
+    a = rand(2, 3, 4, 5, 6)
+    out = g.compile("reference")(x=a)
+    np.testing.assert_allclose(out["y"], a.sum((1, 2, 4)), rtol=1e-5)
+    np.testing.assert_allclose(out["k"], a.sum((0, 1, 3, 4), keepdims=True), rtol=1e-5)

@@ -441,22 +441,16 @@ FUNCTIONS = {**attach(GraphTensor), "where": where, **{n: getattr(GraphTensor, n
 
 
 def _merge_adjacent(t: GraphTensor, axes: list[int]) -> tuple[GraphTensor, list[int]]:
-    """`t` and the axes to reduce one at a time (highest first), after viewing each run of adjacent
+    """`t` and the axes to reduce one at a time (highest first), after viewing each pair of adjacent
     reduced axes as one axis where the strides allow it (e.g. the batch and sequence axes of a
     weight gradient): one long reduction instead of nested short ones, which schedule better."""
-    runs = []
-    for axis in axes:  # descending
-        if runs and runs[-1][0] == axis + 1:
-            runs[-1][0] = axis
-        else:
-            runs.append([axis, axis])
     out = []
-    for first, last in runs:  # highest run first, so merging never shifts a run still to come
-        if last > first:
-            merged = t.tracker.reshape(t.dims[:first] + (shape_numel(t.dims[first:last + 1]),) + t.dims[last + 1:])
-            if merged is not None:
+    for axis in axes:  # descending, so `out` holds the higher axes still to reduce
+        if out and out[-1] == axis + 1:
+            merged = t.tracker.reshape(t.dims[:axis] + (t.dims[axis] * t.dims[axis + 1],) + t.dims[axis + 2:])
+            if merged is not None:  # axes axis and axis + 1 are one now: the ones above move down
                 t = t._view(merged)
-                out.append(first)
+                out = [a - 1 for a in out[:-1]] + [axis]
                 continue
-        out.extend(range(last, first - 1, -1))
+        out.append(axis)
     return t, out
