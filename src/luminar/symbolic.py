@@ -48,7 +48,8 @@ def _wrap(e: Expr, min_prec: int) -> str:
 
 
 def _to_int(v):
-    """Comparison results (bool, np.bool_ or bool arrays) as 0/1 integers."""
+    """A numpy result (a scalar or an array: comparisons give bools, min/max numpy integers) as
+    Python int or int64 array."""
     return v.astype(np.int64) if isinstance(v, np.ndarray) else int(v)
 
 
@@ -401,8 +402,7 @@ class Min(BinOp):
         return _minmax(type(self), *children)
 
     def evaluate(self, env):
-        result = self.np_fn(self.a.evaluate(env), self.b.evaluate(env))
-        return result if isinstance(result, np.ndarray) else int(result)
+        return _to_int(self.np_fn(self.a.evaluate(env), self.b.evaluate(env)))
 
     def __str__(self):
         return f"{self.name}({self.a}, {self.b})"

@@ -321,7 +321,6 @@ def adaptive_avg_pool2d(input, output_size):
     return _adaptive_avg_pool("adaptive_avg_pool2d", 2, input, output_size)
 
 
-METHODS = {}
 FUNCTIONS = {
     "layer_norm": layer_norm, "rms_norm": rms_norm,
     "conv1d": conv1d, "conv2d": conv2d, "conv3d": conv3d,
