@@ -436,7 +436,8 @@ from .library import attach  # noqa: E402  (the library composes the methods def
 
 # torch.reshape(x, ...) style functions for the core methods, next to the library's
 _CORE_FUNCTIONS = ("reshape", "permute", "transpose", "flatten", "squeeze", "unsqueeze", "flip", "narrow",
-                   "broadcast_to", "pad", "matmul", "contiguous")
+                   "broadcast_to", "pad", "matmul", "contiguous", "exp", "exp2", "log", "log2", "sin", "sqrt",
+                   "reciprocal", "fmod", "lt", "gt", "le", "ge", "eq", "ne")
 FUNCTIONS = {**attach(GraphTensor), "where": where, **{n: getattr(GraphTensor, n) for n in _CORE_FUNCTIONS}}
 
 

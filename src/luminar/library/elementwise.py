@@ -506,11 +506,9 @@ METHODS = {
     "__floordiv__": floor_divide, "__rfloordiv__": lambda input, other: floor_divide(input._lift(other), input),
 }
 
-# The primitive wrappers and comparisons of tensor.py as top-level functions (torch.exp, torch.lt ...),
-# and the arithmetic that PyTorch also accepts with a number first (torch.pow(2, x), torch.sub(1, x)).
-FUNCTIONS = {name: getattr(GraphTensor, name) for name in
-             ("exp", "exp2", "log", "log2", "sin", "sqrt", "reciprocal", "fmod", "lt", "gt", "le", "ge", "eq", "ne")}
-FUNCTIONS.update({name: _number_first(name, fn) for name, fn in {
+# The arithmetic that PyTorch also accepts with a number first (torch.pow(2, x), torch.sub(1, x)). (The
+# primitive wrappers and comparisons of tensor.py, torch.exp, torch.lt ..., are its _CORE_FUNCTIONS.)
+FUNCTIONS = {name: _number_first(name, fn) for name, fn in {
     "add": GraphTensor.add, "mul": GraphTensor.mul, "multiply": GraphTensor.mul, "sub": sub, "subtract": sub,
     "div": div, "divide": div, "true_divide": true_divide, "floor_divide": floor_divide,
-    "remainder": remainder, "pow": power}.items()})
+    "remainder": remainder, "pow": power}.items()}
