@@ -202,8 +202,7 @@ class ShapeTracker:
             old_sizes = [self.shape[k] for k in old_dims]
             for k, size, scale in zip(old_dims, old_sizes, row_major_strides(old_sizes)):
                 subst[f"_d{k}"] = (flat // scale) % size
-        valid = self.valid.substitute(subst) if self.valid != one else self.valid
-        return ShapeTracker(shape, tuple(strides), self.offset, valid, self._record(("reshape", shape)))
+        return self._with(("reshape", shape), shape, strides, self.offset, subst)
 
     def _reindex(self, shape, changed: dict[int, Expr]) -> dict[str, Expr]:
         """Substitution for `valid`: dims in `changed` get their expression, others fresh index vars."""
