@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError, ValueDomainError
-from ..shape import index_var
+from ..shape import index_var, numel
 from ..symbolic import Expr, smax, sym
 from ..tensor import GraphTensor, normalize_dim
 
@@ -59,11 +59,6 @@ def _axis(x: GraphTensor, dim, op: str) -> int:
     return normalize_dim(dim, x.ndim, f"{op}: dim")
 
 
-def _count(x: GraphTensor, axes) -> Expr:
-    """How many elements a reduction over `axes` combines (symbolic where the dims are)."""
-    return math.prod((x.dims[a] for a in axes), start=sym(1))
-
-
 def _number(x: GraphTensor, n) -> GraphTensor:
     """A 0-d constant holding the integer `n`, a Python number or a symbolic expression."""
     if isinstance(n, Expr):
@@ -97,7 +92,7 @@ def _extreme(x: GraphTensor, dim, keepdim: bool, op: str):
 def mean(x: GraphTensor, dim=None, keepdim: bool = False) -> GraphTensor:
     """torch.mean: the sum divided by the (possibly symbolic) number of reduced elements."""
     axes = _axes(x, dim, "mean")
-    return x.sum(axes, keepdim) / _number(x, _count(x, axes))
+    return x.sum(axes, keepdim) / _number(x, numel(x.dims[a] for a in axes))  # (symbolic where the dims are)
 
 
 def _variance(x: GraphTensor, dim, unbiased, keepdim: bool, correction, op: str):
@@ -109,7 +104,7 @@ def _variance(x: GraphTensor, dim, unbiased, keepdim: bool, correction, op: str)
     c = correction if correction is not None else int(unbiased is not False)
     axes = _axes(x, dim, op)
     m = mean(x, axes, keepdim=True)
-    n = _count(x, axes)
+    n = numel(x.dims[a] for a in axes)  # how many elements each result combines
     if n.is_const:
         dof = _number(x, max(n.value - c, 0))
     elif float(c).is_integer():
