@@ -66,6 +66,11 @@ def parse_dim(d) -> Expr:
     return e
 
 
+def as_shape(shape) -> tuple:
+    """A shape given as one dim (an int, a dim name or an Expr) or as a sequence of dims, as a tuple."""
+    return (shape,) if isinstance(shape, (int, np.integer, str, Expr)) else tuple(shape)
+
+
 def show_shape(shape) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
@@ -92,9 +97,7 @@ class Graph:
             raise InputError(f"input name must be an identifier, got {name!r}")
         if name in self.inputs:
             raise InputError(f"input {name!r} is already declared in this graph")
-        if isinstance(shape, (int, str, Expr)):
-            shape = (shape,)
-        dims = tuple(parse_dim(d) for d in shape)
+        dims = tuple(parse_dim(d) for d in as_shape(shape))
         node = self.add(Node("input", (), dims, name=name, dtype=dtypes.normalize(dtype)))
         self.inputs[name] = node
         return GraphTensor(self, node, ShapeTracker.contiguous(dims))

@@ -30,7 +30,7 @@ from itertools import accumulate
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError, ValueDomainError
-from ..graph import Graph, parse_dim, show_shape
+from ..graph import Graph, as_shape, parse_dim, show_shape
 from ..shape import index_var
 from ..symbolic import Expr, smax, sym
 from ..tensor import GraphTensor, _sizes, is_int, normalize_dim
@@ -102,7 +102,7 @@ def ones(graph: Graph, *size) -> GraphTensor:
 
 def full(graph: Graph, size, fill_value) -> GraphTensor:
     """torch.full(size, fill_value); the value must be finite."""
-    return graph.constant(fill_value, (size,) if isinstance(size, (int, str, Expr)) else tuple(size))
+    return graph.constant(fill_value, as_shape(size))
 
 
 def eye(graph: Graph, n, m=None) -> GraphTensor:

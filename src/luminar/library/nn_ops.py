@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
-from ..graph import parse_dim, show_shape
+from ..graph import as_shape, parse_dim, show_shape
 from ..shape import index_var
 from ..tensor import is_int
 
@@ -80,8 +80,7 @@ def _windows(x, kernel, stride, dilation, op: str):
 # -- normalization ----------------------------------------------------------------------------------
 def _normalized(op: str, input, normalized_shape):
     """The trailing axes named by normalized_shape, checked against the input's shape."""
-    shape = (normalized_shape,) if is_int(normalized_shape) or isinstance(normalized_shape, str) \
-        else tuple(normalized_shape)
+    shape = as_shape(normalized_shape)
     if not shape:
         raise ShapeError(f"{op}: normalized_shape must have at least one dimension, got {normalized_shape!r}")
     shape = tuple(parse_dim(d) for d in shape)
