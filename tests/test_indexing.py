@@ -331,3 +331,14 @@ def test_unbind(dim, backend):
 
 def test_narrow_is_a_view(backend):
     check(lambda x: x.narrow(1, 1, 2), rand(3, 4), backend=backend)
+
+
+def test_indexing_with_a_tensor_points_to_index_select_and_gather():
+    """`x[t]` with a GraphTensor t is not basic indexing: the error names what to use instead
+    (rather than failing inside the ellipsis test, which compared t with ...)."""
+    g = lm.Graph()
+    x, t = g.tensor("x", (4, 3)), g.tensor("t", (2,), "int32")
+    with pytest.raises(lm.UnsupportedError, match="index_select/gather"):
+        x[t]
+    with pytest.raises(lm.UnsupportedError, match="index_select/gather"):
+        x[..., t]

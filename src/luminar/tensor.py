@@ -363,8 +363,8 @@ class GraphTensor:
         used = sum(1 for i in index if i is not None and i is not Ellipsis)
         if used > self.ndim:
             raise ShapeError(f"too many indices for a tensor of rank {self.ndim}: {index}")
-        if Ellipsis in index:
-            k = index.index(Ellipsis)
+        k = next((j for j, item in enumerate(index) if item is Ellipsis), None)  # (`in` would call a tensor's ==)
+        if k is not None:
             index = index[:k] + (slice(None),) * (self.ndim - used) + index[k + 1:]
         tracker, dim, out_shape = self.tracker, 0, []
         for item in index:
