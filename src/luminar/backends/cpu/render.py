@@ -82,7 +82,7 @@ class _Emitter:
     """Turns an IR expression into C statements, naming each distinct subexpression once."""
 
     def __init__(self, program: KernelProgram, indent: str, threaded_reduce: bool = False, lanes: int = 1,
-                 names: dict | None = None):
+                 names: dict | None = None, count: list | None = None):
         self.program, self.indent = program, indent
         self.threaded_reduce = threaded_reduce  # split the first reduction across threads (scalar outputs)
         self.lanes = lanes  # partial accumulators of innermost reductions (Schedule.lanes)
@@ -90,11 +90,11 @@ class _Emitter:
         self.next_row = None  # a row loop's Var: split reductions prefetch the next row's operands
         self.lines: list[str] = []
         self.names: dict = dict(names or {})  # IR node -> its C name (or a Fixed), known on entry
-        self.count = 0
+        self.count = count or [0]  # shared with child emitters: names stay unique in the function
 
     def fresh(self, prefix="v") -> str:
-        self.count += 1
-        return f"{prefix}{self.count}"
+        self.count[0] += 1
+        return f"{prefix}{self.count[0]}"
 
     def emit(self, e) -> str:
         if e in self.names:
@@ -156,7 +156,6 @@ class _Emitter:
         inner = self.child("    ")
         value = inner.emit(e)
         self.lines += inner.lines
-        self.count = inner.count
         return value
 
     def hoist(self, body, var: str):
@@ -212,7 +211,6 @@ class _Emitter:
                        f"{ind}    for (int l = 0; l < {n}; l++) {{", f"{ind}        const long long {r} = {r}0 + l;"]
         inner = self.child("        ")
         value = inner.emit(e.body)
-        self.count = inner.count
         step = f"{part}[l] = {prim.c.format(f'{part}[l]', value)};"
         if len(lanes) > 1:
             step = f"{part}[l] = {part}[l] > {value} ? {part}[l] : {value}; " \
@@ -241,10 +239,8 @@ class _Emitter:
 
     def child(self, indent: str) -> _Emitter:
         """An emitter for a block nested `indent` deeper, seeing the names of this one (merge back
-        its lines and count after use)."""
-        inner = _Emitter(self.program, self.indent + indent, lanes=self.lanes)
-        inner.names, inner.count = dict(self.names), self.count
-        return inner
+        its lines after use)."""
+        return _Emitter(self.program, self.indent + indent, lanes=self.lanes, names=self.names, count=self.count)
 
     def sum_in_vector(self, leaves: list, outer: Reduce | None = None) -> str:
         """Sums over L elements added up (a split reduction: a quantized block's halves), and with
@@ -281,7 +277,6 @@ class _Emitter:
         self.lines += body.lines + ([f"{ind}}}"] if outer is not None else [])
         self.lines += [f"{ind}#pragma omp simd reduction(+:{acc})",  # a tree of vector adds, not a chain
                        f"{ind}for (int l = 0; l < {size}; l++) {acc} += {vec}[l];"]
-        self.count = inner.count
         return acc
 
     def gather(self, e: Gather) -> str:
