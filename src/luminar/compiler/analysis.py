@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..symbolic import Expr, Var, sym
-from .kernels import Apply, Const, Gather, Kernel, Load, Reduce, Select, children, depends_on, loads, numel, walk
+from .kernels import Apply, Const, Gather, Kernel, Load, Reduce, Select, children, depends_on, numel, walk
 
 PRECOMPUTED = 1 << 24  # floats (64 MB): the largest buffer of row or panel operands computed before the tiles
 
@@ -73,8 +73,7 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
             split(e.value)
     split(red.body)
     rows, panels = list(dict.fromkeys(rows)), list(dict.fromkeys(panels))
-    named = dict.fromkeys(rows + panels, "")
-    inner = [ld for ld in loads(red.body) if _inside_unnamed(red.body, ld, named)]
+    inner = [ld for ld in walk(red.body, skip=set(rows + panels)) if isinstance(ld, Load)]
     if any(stride(ld.index, j) not in (0, 1) for ld in inner):
         return None
     return TilePlan(red, i, j, rows, panels)
@@ -88,16 +87,6 @@ def packable_rows(kernel: Kernel, plan: TilePlan) -> bool:
     size = numel(kernel.shape[:-1]) * plan.reduce.extent * len(plan.rows)
     return plan.i is not None and not (size.is_const and size.value > PRECOMPUTED) and any(
         not isinstance(e, Load) or e.valid != sym(1) or stride(e.index, plan.reduce.var) is None for e in plan.rows)
-
-
-def _inside_unnamed(e, target, named) -> bool:
-    """Whether `target` occurs in `e` outside the subtrees in `named`."""
-    if e in named:
-        return False
-    if e == target:
-        return True
-    parts = e.args if isinstance(e, Apply) else (e.value,) if isinstance(e, Select) else ()
-    return any(_inside_unnamed(c, target, named) for c in parts)
 
 
 def vector_body(plan: TilePlan):

@@ -14,10 +14,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...compiler.analysis import PRECOMPUTED, TilePlan, packable_rows, plan_tiles, row_values, stride, vector_body, windowed
-from ...compiler.analysis import reduce_work
+from ...compiler.analysis import PRECOMPUTED, TilePlan, plan_tiles, reduce_work, row_values, stride, vector_body, windowed
 from ...compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load,
-                                 Reduce, Select, canonical_form, children, depends_on, flat_index, loads, numel,
+                                 Reduce, Select, canonical_form, depends_on, flat_index, loads, numel,
                                  rebuild, split_reductions, substitute, walk)
 from ...compiler.online import online_plan
 from ...ops import PRIMITIVES
@@ -109,8 +108,7 @@ class _Emitter:
             code = f"lm_exp2({self.emit(e.args[0])})"
         elif isinstance(e, Apply) and e.op in ("add", "sum_reduce") and len(_vector_leaves(e) or ()) > 1:
             code = self.sum_in_vector(_vector_leaves(e))
-        elif isinstance(e, Apply) and e.op == "mod" and self.fixed(e):
-            fixed = self.fixed(e)
+        elif isinstance(e, Apply) and e.op == "mod" and (fixed := self.fixed(e)):
             code = f"(float){fixed.code}" + (f" * {render_float(2.0 ** -fixed.k)}" if fixed.k else "")
         elif isinstance(e, Apply):
             code = _power_of_two_mod(e, self) or PRIMITIVES[e.op].c.format(*(self.emit(a) for a in e.args))
@@ -183,7 +181,7 @@ class _Emitter:
             op = "+" if e.op == "sum_reduce" else "max"
             self.lines.append(f"{self.indent}#pragma omp parallel for reduction({op}:{acc}) schedule(static) "
                               f"if(({(e.extent * reduce_work(e.body)).render_c()}) >= {PARALLEL_MIN_WORK})")
-        elif self.lanes > 1 and not _holds_loop(e.body, self.names):
+        elif self.lanes > 1 and not any(isinstance(n, (Reduce, Gather)) for n in walk(e.body, skip=self.names)):
             return self.reduce_in_lanes(e, acc)
         self.lines.append(f"{self.indent}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; "
                           f"{e.var.name}++) {{")
@@ -303,12 +301,8 @@ def _const(e) -> float | None:
     if isinstance(e, IndexValue) and e.expr.is_const:
         return float(e.expr.value)
     if isinstance(e, Apply):
-        args = []
-        for a in e.args:
-            args.append(_const(a))
-            if args[-1] is None:
-                return None
-        return float(PRIMITIVES[e.op].reference(*map(np.float32, args)))
+        args = [_const(a) for a in e.args]
+        return None if None in args else float(PRIMITIVES[e.op].reference(*map(np.float32, args)))
     return None
 
 
@@ -395,12 +389,10 @@ def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
     """fmod by a power of two b >= 1 as a - trunc(a / b) * b: exact (dividing by 2^k cannot round
     or overflow, and the remainder is representable) and vectorizable, where fmodf is a library
     call per element. This is how quantized weights unpack their nibbles."""
-    if e.op != "mod" or not isinstance(e.args[1], Const):
+    m = _log2(abs(e.args[1].value)) if e.op == "mod" and isinstance(e.args[1], Const) else None
+    if m is None or m < 0:
         return None
-    b = abs(e.args[1].value)
-    if not (1 <= b < float("inf") and np.frexp(b)[0] == 0.5):
-        return None
-    a = emitter.emit(e.args[0])
+    a, b = emitter.emit(e.args[0]), 2.0 ** m
     return f"({a} - truncf({a} * {render_float(1.0 / b)}) * {render_float(b)})"
 
 
@@ -685,29 +677,17 @@ def _vector_tile(program, plan, vec, ti, tj, r, K, row_clamp, row_names) -> list
 
 def _store_tile(program, kernel, plan, ti, tj) -> list[str]:
     """Write the tile's in-bounds outputs: the epilogue applied to each total."""
-    i, j = plan.i, plan.j
-    rows_n, cols_n = (kernel.shape[-2] if i is not None else sym(1)), kernel.shape[-1]
+    # the tile's output dims: (loop variable, its value at tile element ii, jj, its extent)
+    point = ([(plan.i, "i0 + ii", kernel.shape[-2])] if plan.i is not None else []) + [(plan.j, "j0 + jj", kernel.shape[-1])]
     out = [f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) {{"]
-    bounds = []
-    if i is not None:
-        out.append(f"          const long long {i.name} = i0 + ii;")
-        bounds.append(f"{i.name} < {rows_n.render_c()}")
-    out.append(f"          const long long {j.name} = j0 + jj;")
-    bounds.append(f"{j.name} < {cols_n.render_c()}")
-    out.append(f"          if ({' && '.join(bounds)}) {{")
+    out += [f"          const long long {var.name} = {at};" for var, at, _ in point]
+    out.append(f"          if ({' && '.join(f'{var.name} < {extent.render_c()}' for var, _, extent in point)}) {{")
     target = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
     em = _Emitter(program, "            ")
     em.names[plan.reduce] = "tile[ii][jj]"
     value = em.emit(kernel.value)
     out += em.lines + [f"            {target} = {value};"]
     return out + ["          }", "        }"]
-
-
-def _holds_loop(e, named: dict) -> bool:
-    """Whether `e` holds a reduction or gather outside the subtrees that already have a name."""
-    if e in named:
-        return False
-    return isinstance(e, (Reduce, Gather)) or any(_holds_loop(c, named) for c in children(e))
 
 
 def _deps_outside(e, named: dict) -> frozenset:
