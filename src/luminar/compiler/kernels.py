@@ -195,9 +195,9 @@ def unroll_short_reduction(e: Reduce):
     return functools.reduce(lambda out, part: Apply(e.op, (out, part)), parts)
 
 
-def _ir_exprs(e):
-    """Every index/validity expression inside an IR tree."""
-    for node in walk(e):
+def _ir_exprs(e, skip=()):
+    """Every index/validity expression inside an IR tree (outside the subtrees in `skip`)."""
+    for node in walk(e, skip):
         if isinstance(node, Load):
             yield node.index
             yield node.valid

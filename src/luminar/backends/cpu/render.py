@@ -16,8 +16,8 @@ import numpy as np
 
 from ...compiler.analysis import PRECOMPUTED, TilePlan, plan_tiles, reduce_work, row_values, stride, vector_body, windowed
 from ...compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load,
-                                 Reduce, Select, canonical_form, depends_on, flat_index, loads, numel,
-                                 rebuild, split_reductions, substitute, walk)
+                                 Reduce, Select, _ir_exprs, canonical_form, depends_on, digits,
+                                 flat_index, loads, numel, rebuild, split_reductions, substitute, walk)
 from ...compiler.online import online_plan
 from ...ops import PRIMITIVES
 from ...symbolic import C_HELPERS, Var, sym
@@ -579,7 +579,6 @@ def _precompute(program, nodes, batch, var, extent, red, name) -> tuple[list[str
     expression of each node there. An index divided by constants (a convolution's window: row //
     56, r % 3) loops over its digits instead (kernels.digits), so the window's index math is
     affine, not a division per element."""
-    from ...compiler.kernels import _ir_exprs, digits  # (the window digits of a packed operand)
     K, r = red.extent.render_c(), red.var.name
     count, where = len(nodes), flat_index([v for v, _ in batch] + [var], [x for _, x in batch] + [extent])
     total = numel([x for _, x in batch] + [extent])
@@ -644,7 +643,7 @@ def _generic_tile(program, plan, prim, ti, tj, r, K, pan_at, row_clamp, col_clam
     out += [f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{",
             "            #pragma omp simd", f"            for (int jj = 0; jj < {tj}; jj++) {{"]
     em = _Emitter(program, "              ", names=names)
-    inner_deps = _deps_outside(red.body, names)
+    inner_deps = frozenset().union(*(x.vars() for x in _ir_exprs(red.body, skip=names)))  # (the rest of the body)
     if i is not None and i.name in inner_deps:
         em.lines.append(f"              {row_clamp}")
     if j.name in inner_deps:
@@ -688,17 +687,6 @@ def _store_tile(program, kernel, plan, ti, tj) -> list[str]:
     value = em.emit(kernel.value)
     out += em.lines + [f"            {target} = {value};"]
     return out + ["          }", "        }"]
-
-
-def _deps_outside(e, named: dict) -> frozenset:
-    """Variables `e` depends on, not counting subtrees that already have a name."""
-    if e in named:
-        return frozenset()
-    if isinstance(e, Apply):
-        return frozenset().union(*(_deps_outside(a, named) for a in e.args))
-    if isinstance(e, Select):
-        return e.cond.vars() | _deps_outside(e.value, named)
-    return depends_on(e)
 
 
 def render_program(program: KernelProgram, schedules: dict | None = None) -> str:
