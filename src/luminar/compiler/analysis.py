@@ -48,10 +48,9 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
     """The kernel's TilePlan, or None: it needs exactly one reduction, with no reduction or
     gather inside its body, and whatever stays in the inner loop (neither row nor panel) must
     run in order along the columns."""
-    reduces = [n for n in walk(kernel.value) if isinstance(n, Reduce)]
-    if len(reduces) != 1 or not kernel.shape or any(isinstance(n, Gather) for n in walk(kernel.value)):
+    red = single_reduce(kernel)
+    if red is None or not kernel.shape or any(isinstance(n, Gather) for n in walk(kernel.value)):
         return None
-    red = reduces[0]
     loop_vars = kernel.loop_vars
     i, j = (loop_vars[-2] if len(loop_vars) > 1 else None), loop_vars[-1]
     if any(isinstance(n, Reduce) for n in walk(red.body)) or j.name not in depends_on(red):

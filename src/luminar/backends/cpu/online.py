@@ -14,7 +14,7 @@ Both assume finite q, k, v, as PyTorch's causal kernel does (it never reads mask
 from __future__ import annotations
 
 from ...compiler.kernels import Apply, Const, Kernel, KernelProgram, depends_on, flat_index, numel, walk
-from ...compiler.online import OnlinePlan, accumulated, factors, slope
+from ...compiler.online import OnlinePlan, accumulated, factors, product, slope
 from ...ops import PRIMITIVES
 
 
@@ -144,15 +144,12 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     out += ["        }", "      }"]
     # -- epilogue: the kernel's value with the sum, its row max and row sum read from the accumulators
     names = {plan.total: "lm_total", **accumulated(kernel, plan, j, row_sum="lm_l[lm_ii]", row_max="lm_m[lm_ii]")}
-    outside = [f for f in factors(plan.total.body) if j not in depends_on(f)]
-    product = Const(1.0)
-    for f in outside:
-        product = Apply("mul", (product, f))
+    outside = product([Const(1.0)] + [f for f in factors(plan.total.body) if j not in depends_on(f)])
     store = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
     out += [f"      for (int lm_ii = 0; lm_ii < lm_nr && lm_i0 + lm_ii < {M}; lm_ii++) {{", f"        const long long {i.name} = lm_i0 + lm_ii;",
             f"        for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
     em = _Emitter(program, "          ", names=names, count=count)
-    em.names[plan.total] = f"({em.emit(product)} * lm_acc[lm_ii][{d.name}])"
+    em.names[plan.total] = f"({em.emit(outside)} * lm_acc[lm_ii][{d.name}])"
     result = em.emit(kernel.value)
     return out + em.lines + [f"          {store} = {result};", "        }", "      }", "    }"]
 
