@@ -143,7 +143,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
                 "((lm_vec *)lm_acc[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
     out += ["        }", "      }"]
     # -- epilogue: the kernel's value with the sum, its row max and row sum read from the accumulators
-    names = {plan.total: "lm_total", **accumulated(kernel, plan, j, row_sum="lm_l[lm_ii]", row_max="lm_m[lm_ii]")}
+    names = accumulated(kernel, plan, j, row_sum="lm_l[lm_ii]", row_max="lm_m[lm_ii]")
     outside = product([Const(1.0)] + [f for f in factors(plan.total.body) if j not in depends_on(f)])
     store = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
     out += [f"      for (int lm_ii = 0; lm_ii < lm_nr && lm_i0 + lm_ii < {M}; lm_ii++) {{", f"        const long long {i.name} = lm_i0 + lm_ii;",

@@ -285,8 +285,7 @@ class _Emitter:
                           f"{index} == (float)(long long){index}) {{")
         self.lines.append(f"{self.indent}    const long long {e.var.name} = (long long){index};")
         value = self.emit_block(e.body)
-        self.lines.append(f"{self.indent}    {out} = {value};")
-        self.lines.append(f"{self.indent}}}")
+        self.lines += [f"{self.indent}    {out} = {value};", f"{self.indent}}}"]
         return out
 
 
