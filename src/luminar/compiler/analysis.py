@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..symbolic import Expr, Var, sym
-from .kernels import Apply, Const, Gather, Kernel, Load, Reduce, Select, children, depends_on, loads, numel, walk
+from .kernels import Apply, Const, Gather, Kernel, Load, Reduce, Select, children, depends_on, numel, walk
 
 PRECOMPUTED = 1 << 24  # floats (64 MB): the largest buffer of row or panel operands computed before the tiles
 
@@ -48,10 +48,9 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
     """The kernel's TilePlan, or None: it needs exactly one reduction, with no reduction or
     gather inside its body, and whatever stays in the inner loop (neither row nor panel) must
     run in order along the columns."""
-    reduces = [n for n in walk(kernel.value) if isinstance(n, Reduce)]
-    if len(reduces) != 1 or not kernel.shape or any(isinstance(n, Gather) for n in walk(kernel.value)):
+    red = single_reduce(kernel)
+    if red is None or not kernel.shape or any(isinstance(n, Gather) for n in walk(kernel.value)):
         return None
-    red = reduces[0]
     loop_vars = kernel.loop_vars
     i, j = (loop_vars[-2] if len(loop_vars) > 1 else None), loop_vars[-1]
     if any(isinstance(n, Reduce) for n in walk(red.body)) or j.name not in depends_on(red):
@@ -73,8 +72,7 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
             split(e.value)
     split(red.body)
     rows, panels = list(dict.fromkeys(rows)), list(dict.fromkeys(panels))
-    named = dict.fromkeys(rows + panels, "")
-    inner = [ld for ld in loads(red.body) if _inside_unnamed(red.body, ld, named)]
+    inner = [ld for ld in walk(red.body, skip=set(rows + panels)) if isinstance(ld, Load)]
     if any(stride(ld.index, j) not in (0, 1) for ld in inner):
         return None
     return TilePlan(red, i, j, rows, panels)
@@ -88,16 +86,6 @@ def packable_rows(kernel: Kernel, plan: TilePlan) -> bool:
     size = numel(kernel.shape[:-1]) * plan.reduce.extent * len(plan.rows)
     return plan.i is not None and not (size.is_const and size.value > PRECOMPUTED) and any(
         not isinstance(e, Load) or e.valid != sym(1) or stride(e.index, plan.reduce.var) is None for e in plan.rows)
-
-
-def _inside_unnamed(e, target, named) -> bool:
-    """Whether `target` occurs in `e` outside the subtrees in `named`."""
-    if e in named:
-        return False
-    if e == target:
-        return True
-    parts = e.args if isinstance(e, Apply) else (e.value,) if isinstance(e, Select) else ()
-    return any(_inside_unnamed(c, target, named) for c in parts)
 
 
 def vector_body(plan: TilePlan):

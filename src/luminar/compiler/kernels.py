@@ -119,11 +119,14 @@ def children(e) -> tuple:
         (e.index, e.body) if isinstance(e, Gather) else ()
 
 
-def walk(expr):
-    """Every IR node of an expression, parents before children."""
+def walk(expr, skip=()):
+    """Every IR node of an expression, parents before children, except the subtrees in `skip`
+    (those a renderer has already named)."""
+    if expr in skip:
+        return
     yield expr
     for c in children(expr):
-        yield from walk(c)
+        yield from walk(c, skip)
 
 
 def depends_on(e) -> frozenset:
@@ -192,9 +195,9 @@ def unroll_short_reduction(e: Reduce):
     return functools.reduce(lambda out, part: Apply(e.op, (out, part)), parts)
 
 
-def _ir_exprs(e):
-    """Every index/validity expression inside an IR tree."""
-    for node in walk(e):
+def _ir_exprs(e, skip=()):
+    """Every index/validity expression inside an IR tree (outside the subtrees in `skip`)."""
+    for node in walk(e, skip):
         if isinstance(node, Load):
             yield node.index
             yield node.valid
@@ -236,8 +239,13 @@ def digits(name: str, extent: int, exprs) -> tuple[list, Expr] | None:
     return ds, sum((d * scale for d, scale in zip(ds, [1] + chain)), sym(0))
 
 
-def split_reduction(e):
-    """A reduction over the digits of its variable (see `digits`), innermost vectorizable."""
+def split_reductions(e):
+    """Every reduction of `e` (innermost first) as a reduction over the digits of its variable
+    (see `digits`), the innermost digit vectorizable.
+
+    Done when a schedule renders the reduction as loops: the lowered IR keeps each reduction
+    whole (one variable over its full extent), which is what tiled schedules need to pack it."""
+    e = rebuild(e, split_reductions)
     split = digits(e.var.name, e.extent.value, _ir_exprs(e.body)) if isinstance(e, Reduce) and e.extent.is_const \
         else None
     if split is None:
@@ -246,15 +254,6 @@ def split_reduction(e):
     for d in split[0]:
         body = unroll_short_reduction(Reduce(e.op, d, sym(d.bounds()[1] + 1), body))
     return body
-
-
-def split_reductions(e):
-    """Every reduction of `e` split by its index divisors (split_reduction), innermost first.
-
-    Done when a schedule renders the reduction as loops: the lowered IR keeps each reduction
-    whole (one variable over its full extent), which is what tiled schedules need to pack it."""
-    e = rebuild(e, split_reductions)
-    return split_reduction(e) if isinstance(e, Reduce) else e
 
 
 def rebuild(e, change):

@@ -30,11 +30,12 @@ def lifetimes(program: KernelProgram) -> dict[int, tuple[int, int]]:
     return life
 
 
-def plan_memory(program: KernelProgram, env: dict[str, int], itemsize: int = 4, life=None) -> MemoryPlan:
-    """Place every temp for these dim values. Sizes only grow with the dims, so a plan made for
-    larger values is also valid for smaller ones (backends plan for rounded-up dims)."""
-    life = lifetimes(program) if life is None else life
-    size = {b.id: _aligned(int(b.numel.evaluate(env)) * itemsize) for b in program.buffers if b.id in life}
+def plan_memory(program: KernelProgram, env: dict[str, int], life: dict[int, tuple[int, int]]) -> MemoryPlan:
+    """Place every temp (`life`: the program's `lifetimes`) for these dim values. Sizes only grow
+    with the dims, so a plan made for larger values is also valid for smaller ones (backends plan
+    for rounded-up dims)."""
+    # float32 bytes, rounded up to a multiple of ALIGN
+    size = {b.id: (int(b.numel.evaluate(env)) * 4 + ALIGN - 1) // ALIGN * ALIGN for b in program.buffers if b.id in life}
     placed: list[tuple[int, int, int]] = []  # (offset, bytes, buffer id)
     offsets = {}
     for buf in sorted(size, key=lambda b: (-size[b], b)):
@@ -50,7 +51,3 @@ def plan_memory(program: KernelProgram, env: dict[str, int], itemsize: int = 4, 
         placed.append((offset, size[buf], buf))
     arena = max((o + n for o, n, _ in placed), default=0)
     return MemoryPlan(offsets, arena)
-
-
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN

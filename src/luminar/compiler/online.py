@@ -19,6 +19,7 @@ search keeps the fused program only if it measures faster (compiler/search.py).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ..symbolic import Var
@@ -43,6 +44,11 @@ def factors(e) -> list:
     if isinstance(e, Apply) and e.op == "mul":
         return factors(e.args[0]) + factors(e.args[1])
     return [e]
+
+
+def product(parts: list):
+    """parts[0] * parts[1] * ..., multiplied left to right: the tree `factors` takes apart."""
+    return functools.reduce(lambda a, b: Apply("mul", (a, b)), parts)
 
 
 def _shifted_exp(e, j: str):
@@ -88,9 +94,7 @@ def online_plan(kernel: Kernel) -> OnlinePlan | None:
     if any(i in depends_on(f) for f in values) or d in depends_on(weight) or \
             any(d in depends_on(f) for f in factors(total.body) if j not in depends_on(f)):
         return None  # (a factor outside the sum that depends on d stays correct, but keep it simple)
-    value = values[0]
-    for f in values[1:]:
-        value = Apply("mul", (value, f))
+    value = product(values)
     dots = {n for n in walk(score) if isinstance(n, Reduce)}
     if len(dots) != 1:
         return None

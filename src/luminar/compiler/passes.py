@@ -253,8 +253,7 @@ def optimize(graph: Graph, passes: Sequence[str] | None = None) -> Graph:
 
     `passes=[]` returns a plain copy. The input graph is never modified.
     """
-    if passes is None:
-        passes = DEFAULT_PIPELINE
+    passes = DEFAULT_PIPELINE if passes is None else passes
     if isinstance(passes, str) or not isinstance(passes, Sequence):
         raise UnsupportedError(f"passes must be a list of pass names from {sorted(PASSES)}, got {passes!r}")
     unknown = [p for p in passes if p not in PASSES]

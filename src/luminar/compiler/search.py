@@ -410,8 +410,7 @@ def pick(target: Target, ranked: list, count: int) -> list:
     """`count` candidates from a ranked list, spread over the target's families: the cost model
     cannot tell apart schedules a few percent apart, so the best of each family is timed before
     any second of one."""
-    firsts = list({target.family(s): s for s in reversed(ranked)}.values())[::-1]
-    firsts.sort(key=ranked.index)
+    firsts = sorted({target.family(s): s for s in reversed(ranked)}.values(), key=ranked.index)
     return (firsts + [s for s in ranked if s not in firsts])[:count]
 
 

@@ -31,19 +31,17 @@ class Bench:
 
     def __init__(self, program, kernel, schedules: list, env: dict, seed: int):
         self.kernel, self.env, self.schedules, self.seed = kernel, env, list(schedules), seed
-        self.dims = (ctypes.c_longlong * max(len(program.dims), 1))(*[env[d] for d in program.dims])
         halves = [list(range(len(schedules)))[k::2] for k in range(2)]
         oracle = render_oracle(program, kernel)
-        libs = cc.load_many([_variants_source(program, kernel, schedules, half, oracle) for half in halves])
+        libs = cc.load_many(["\n\n".join([PRELUDE, oracle] + [_exported(program, kernel, f"lm_variant{k}", schedules[k])
+                                                              for k in half]) for half in halves])
         self.calls = [None] * len(schedules)
         for lib, half in zip(libs, halves):
             for k in half:
                 self.calls[k] = cc.function(lib, f"lm_variant{k}", [ctypes.c_void_p] * 2)
         self.oracle = cc.function(libs[0], "lm_oracle", [ctypes.c_void_p] * 3 + [ctypes.c_longlong, ctypes.c_void_p])
         self.arrays = _random_buffers(program, kernel, env, seed)
-        self.pointers = (ctypes.c_void_p * len(program.buffers))()
-        for b, arr in self.arrays.items():
-            self.pointers[b] = arr.ctypes.data
+        self.pointers, self.dims = _c_arguments(program, self.arrays, env)
 
     def validate(self, expected: np.ndarray | None = None) -> list[bool]:
         """Whether each variant is right: its output matches the oracle at sampled positions (all
@@ -80,13 +78,17 @@ class Bench:
         return time_interleaved(run, which, budget_s)
 
 
-def _variants_source(program, kernel, schedules, which, oracle) -> str:
-    return "\n\n".join([PRELUDE, oracle] + [_exported(program, kernel, f"lm_variant{k}", schedules[k]) for k in which])
-
-
 def _exported(program, kernel, name: str, schedule=None) -> str:
     """The kernel's C function under `name`, callable from outside its shared object."""
     return render_kernel(program, dataclasses.replace(kernel, name=name), schedule).replace("static void", "void", 1)
+
+
+def _c_arguments(program, arrays: dict, env: dict) -> tuple:
+    """A kernel function's two arguments: the buffers' addresses (buffer id -> array) and the dims."""
+    pointers = (ctypes.c_void_p * len(program.buffers))()
+    for b, arr in arrays.items():
+        pointers[b] = arr.ctypes.data
+    return pointers, (ctypes.c_longlong * max(len(program.dims), 1))(*[env[d] for d in program.dims])
 
 
 def _random_buffers(program, kernel, env, seed) -> dict[int, np.ndarray]:
@@ -124,9 +126,6 @@ def machine(threads: int) -> str:
 def run_chain(program, kernels: list, arrays: dict, env: dict) -> None:
     """Run `kernels` in order, each with its default schedule, over `arrays` (buffer id -> array)."""
     lib = cc.load("\n\n".join([PRELUDE] + [_exported(program, k, f"lm_chain{n}") for n, k in enumerate(kernels)]))
-    pointers = (ctypes.c_void_p * len(program.buffers))()
-    for b, arr in arrays.items():
-        pointers[b] = arr.ctypes.data
-    dims = (ctypes.c_longlong * max(len(program.dims), 1))(*[env[d] for d in program.dims])
+    pointers, dims = _c_arguments(program, arrays, env)
     for n in range(len(kernels)):
         cc.function(lib, f"lm_chain{n}", [ctypes.c_void_p] * 2)(pointers, dims)

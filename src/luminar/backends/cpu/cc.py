@@ -63,12 +63,9 @@ def build_many(sources: list[str]) -> list[Path]:
             src, out = Path(tmp) / f"kernels{k}.c", Path(tmp) / f"kernels{k}.so"
             src.write_text(sources[k])
             command = [cc, *FLAGS, str(src), "-o", str(out), *LIBS]
-            if len(todo) == 1:
-                jobs.append((k, out, subprocess.run(command, capture_output=True, text=True)))
-            else:
-                jobs.append((k, out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+            jobs.append((k, out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
         for k, out, proc in jobs:
-            stderr = proc.stderr if isinstance(proc, subprocess.CompletedProcess) else proc.communicate()[1]
+            stderr = proc.communicate()[1]  # (waits for the process)
             if proc.returncode != 0:
                 kept = cache_dir() / f"{keys[k]}.failed.c"
                 kept.write_text(sources[k])

@@ -14,7 +14,7 @@ Both assume finite q, k, v, as PyTorch's causal kernel does (it never reads mask
 from __future__ import annotations
 
 from ...compiler.kernels import Apply, Const, Kernel, KernelProgram, depends_on, flat_index, numel, walk
-from ...compiler.online import OnlinePlan, accumulated, factors, slope
+from ...compiler.online import OnlinePlan, accumulated, factors, product, slope
 from ...ops import PRIMITIVES
 
 
@@ -36,10 +36,8 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     count = [0]  # C names stay unique across the emitters of one function
 
     def emit(expr, indent, names=None, declare=""):
-        em = _Emitter(program, indent, names=names or {})
-        em.count = count[0]
+        em = _Emitter(program, indent, names=names, count=count)
         value = em.emit(expr)
-        count[0] = em.count
         return ([indent + declare] if declare else []) + em.lines, value
 
     work = numel(kernel.shape[:-1]) * plan.total.extent * (D + K)
@@ -67,15 +65,13 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
         out += ["        int lm_dotless = 1; float lm_top0 = -INFINITY;", f"        for (int lm_ii = 0; lm_ii < lm_nr && lm_dotless; lm_ii++) {{",
                 f"          {clamp_i}", "          #pragma omp simd reduction(&:lm_dotless) reduction(max:lm_top0)",
                 f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{", f"            {clamp_j}"]
-        em = _Emitter(program, "            ")
-        em.count = count[0]
+        em = _Emitter(program, "            ", count=count)
         _emit_free(em, plan.score, plan.dot)  # the mask: shared by both evaluations
         inner = em.child("")
         inner.names[plan.dot] = "0.0f"
         at = [inner.emit(plan.score)]  # the score at dot = 0, then its slope
-        em.lines, em.count = em.lines + inner.lines, inner.count
+        em.lines += inner.lines
         at.append(em.emit(rise))
-        count[0] = em.count
         out += em.lines + [f"            lm_dotless &= ({at[1]} == 0.0f);",
                            f"            lm_top0 = lm_j0 + lm_jj < {N} && {at[0]} > lm_top0 ? {at[0]} : lm_top0;", "          }", "        }",
                            # every weight of the block is 0 for rows that have seen a key: nothing changes
@@ -147,17 +143,13 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
                 "((lm_vec *)lm_acc[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
     out += ["        }", "      }"]
     # -- epilogue: the kernel's value with the sum, its row max and row sum read from the accumulators
-    names = {plan.total: "lm_total", **accumulated(kernel, plan, j, row_sum="lm_l[lm_ii]", row_max="lm_m[lm_ii]")}
-    outside = [f for f in factors(plan.total.body) if j not in depends_on(f)]
-    product = Const(1.0)
-    for f in outside:
-        product = Apply("mul", (product, f))
+    names = accumulated(kernel, plan, j, row_sum="lm_l[lm_ii]", row_max="lm_m[lm_ii]")
+    outside = product([Const(1.0)] + [f for f in factors(plan.total.body) if j not in depends_on(f)])
     store = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
     out += [f"      for (int lm_ii = 0; lm_ii < lm_nr && lm_i0 + lm_ii < {M}; lm_ii++) {{", f"        const long long {i.name} = lm_i0 + lm_ii;",
             f"        for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
-    em = _Emitter(program, "          ", names=names)
-    em.count = count[0]
-    em.names[plan.total] = f"({em.emit(product)} * lm_acc[lm_ii][{d.name}])"
+    em = _Emitter(program, "          ", names=names, count=count)
+    em.names[plan.total] = f"({em.emit(outside)} * lm_acc[lm_ii][{d.name}])"
     result = em.emit(kernel.value)
     return out + em.lines + [f"          {store} = {result};", "        }", "      }", "    }"]
 

@@ -14,11 +14,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...compiler.analysis import PRECOMPUTED, TilePlan, packable_rows, plan_tiles, row_values, stride, vector_body, windowed
-from ...compiler.analysis import reduce_work
+from ...compiler.analysis import PRECOMPUTED, TilePlan, plan_tiles, reduce_work, row_values, stride, vector_body, windowed
 from ...compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, IndexValue, Kernel, KernelProgram, Load,
-                                 Reduce, Select, canonical_form, children, depends_on, flat_index, loads, numel,
-                                 rebuild, split_reductions, substitute, walk)
+                                 Reduce, Select, _ir_exprs, canonical_form, depends_on, digits,
+                                 flat_index, loads, numel, rebuild, split_reductions, substitute, walk)
 from ...compiler.online import online_plan
 from ...ops import PRIMITIVES
 from ...symbolic import C_HELPERS, Var, sym
@@ -82,7 +81,7 @@ class _Emitter:
     """Turns an IR expression into C statements, naming each distinct subexpression once."""
 
     def __init__(self, program: KernelProgram, indent: str, threaded_reduce: bool = False, lanes: int = 1,
-                 names: dict | None = None):
+                 names: dict | None = None, count: list | None = None):
         self.program, self.indent = program, indent
         self.threaded_reduce = threaded_reduce  # split the first reduction across threads (scalar outputs)
         self.lanes = lanes  # partial accumulators of innermost reductions (Schedule.lanes)
@@ -90,11 +89,11 @@ class _Emitter:
         self.next_row = None  # a row loop's Var: split reductions prefetch the next row's operands
         self.lines: list[str] = []
         self.names: dict = dict(names or {})  # IR node -> its C name (or a Fixed), known on entry
-        self.count = 0
+        self.count = count or [0]  # shared with child emitters: names stay unique in the function
 
     def fresh(self, prefix="v") -> str:
-        self.count += 1
-        return f"{prefix}{self.count}"
+        self.count[0] += 1
+        return f"{prefix}{self.count[0]}"
 
     def emit(self, e) -> str:
         if e in self.names:
@@ -109,8 +108,7 @@ class _Emitter:
             code = f"lm_exp2({self.emit(e.args[0])})"
         elif isinstance(e, Apply) and e.op in ("add", "sum_reduce") and len(_vector_leaves(e) or ()) > 1:
             code = self.sum_in_vector(_vector_leaves(e))
-        elif isinstance(e, Apply) and e.op == "mod" and self.fixed(e):
-            fixed = self.fixed(e)
+        elif isinstance(e, Apply) and e.op == "mod" and (fixed := self.fixed(e)):
             code = f"(float){fixed.code}" + (f" * {render_float(2.0 ** -fixed.k)}" if fixed.k else "")
         elif isinstance(e, Apply):
             code = _power_of_two_mod(e, self) or PRIMITIVES[e.op].c.format(*(self.emit(a) for a in e.args))
@@ -156,7 +154,6 @@ class _Emitter:
         inner = self.child("    ")
         value = inner.emit(e)
         self.lines += inner.lines
-        self.count = inner.count
         return value
 
     def hoist(self, body, var: str):
@@ -184,7 +181,7 @@ class _Emitter:
             op = "+" if e.op == "sum_reduce" else "max"
             self.lines.append(f"{self.indent}#pragma omp parallel for reduction({op}:{acc}) schedule(static) "
                               f"if(({(e.extent * reduce_work(e.body)).render_c()}) >= {PARALLEL_MIN_WORK})")
-        elif self.lanes > 1 and not _holds_loop(e.body, self.names):
+        elif self.lanes > 1 and not any(isinstance(n, (Reduce, Gather)) for n in walk(e.body, skip=self.names)):
             return self.reduce_in_lanes(e, acc)
         self.lines.append(f"{self.indent}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; "
                           f"{e.var.name}++) {{")
@@ -212,7 +209,6 @@ class _Emitter:
                        f"{ind}    for (int l = 0; l < {n}; l++) {{", f"{ind}        const long long {r} = {r}0 + l;"]
         inner = self.child("        ")
         value = inner.emit(e.body)
-        self.count = inner.count
         step = f"{part}[l] = {prim.c.format(f'{part}[l]', value)};"
         if len(lanes) > 1:
             step = f"{part}[l] = {part}[l] > {value} ? {part}[l] : {value}; " \
@@ -241,10 +237,8 @@ class _Emitter:
 
     def child(self, indent: str) -> _Emitter:
         """An emitter for a block nested `indent` deeper, seeing the names of this one (merge back
-        its lines and count after use)."""
-        inner = _Emitter(self.program, self.indent + indent, lanes=self.lanes)
-        inner.names, inner.count = dict(self.names), self.count
-        return inner
+        its lines after use)."""
+        return _Emitter(self.program, self.indent + indent, lanes=self.lanes, names=self.names, count=self.count)
 
     def sum_in_vector(self, leaves: list, outer: Reduce | None = None) -> str:
         """Sums over L elements added up (a split reduction: a quantized block's halves), and with
@@ -281,7 +275,6 @@ class _Emitter:
         self.lines += body.lines + ([f"{ind}}}"] if outer is not None else [])
         self.lines += [f"{ind}#pragma omp simd reduction(+:{acc})",  # a tree of vector adds, not a chain
                        f"{ind}for (int l = 0; l < {size}; l++) {acc} += {vec}[l];"]
-        self.count = inner.count
         return acc
 
     def gather(self, e: Gather) -> str:
@@ -292,8 +285,7 @@ class _Emitter:
                           f"{index} == (float)(long long){index}) {{")
         self.lines.append(f"{self.indent}    const long long {e.var.name} = (long long){index};")
         value = self.emit_block(e.body)
-        self.lines.append(f"{self.indent}    {out} = {value};")
-        self.lines.append(f"{self.indent}}}")
+        self.lines += [f"{self.indent}    {out} = {value};", f"{self.indent}}}"]
         return out
 
 
@@ -308,12 +300,8 @@ def _const(e) -> float | None:
     if isinstance(e, IndexValue) and e.expr.is_const:
         return float(e.expr.value)
     if isinstance(e, Apply):
-        args = []
-        for a in e.args:
-            args.append(_const(a))
-            if args[-1] is None:
-                return None
-        return float(PRIMITIVES[e.op].reference(*map(np.float32, args)))
+        args = [_const(a) for a in e.args]
+        return None if None in args else float(PRIMITIVES[e.op].reference(*map(np.float32, args)))
     return None
 
 
@@ -400,12 +388,10 @@ def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
     """fmod by a power of two b >= 1 as a - trunc(a / b) * b: exact (dividing by 2^k cannot round
     or overflow, and the remainder is representable) and vectorizable, where fmodf is a library
     call per element. This is how quantized weights unpack their nibbles."""
-    if e.op != "mod" or not isinstance(e.args[1], Const):
+    m = _log2(abs(e.args[1].value)) if e.op == "mod" and isinstance(e.args[1], Const) else None
+    if m is None or m < 0:
         return None
-    b = abs(e.args[1].value)
-    if not (1 <= b < float("inf") and np.frexp(b)[0] == 0.5):
-        return None
-    a = emitter.emit(e.args[0])
+    a, b = emitter.emit(e.args[0]), 2.0 ** m
     return f"({a} - truncf({a} * {render_float(1.0 / b)}) * {render_float(b)})"
 
 
@@ -592,7 +578,6 @@ def _precompute(program, nodes, batch, var, extent, red, name) -> tuple[list[str
     expression of each node there. An index divided by constants (a convolution's window: row //
     56, r % 3) loops over its digits instead (kernels.digits), so the window's index math is
     affine, not a division per element."""
-    from ...compiler.kernels import _ir_exprs, digits  # (the window digits of a packed operand)
     K, r = red.extent.render_c(), red.var.name
     count, where = len(nodes), flat_index([v for v, _ in batch] + [var], [x for _, x in batch] + [extent])
     total = numel([x for _, x in batch] + [extent])
@@ -657,7 +642,7 @@ def _generic_tile(program, plan, prim, ti, tj, r, K, pan_at, row_clamp, col_clam
     out += [f"          #pragma GCC unroll {ti}", f"          for (int ii = 0; ii < {ti}; ii++) {{",
             "            #pragma omp simd", f"            for (int jj = 0; jj < {tj}; jj++) {{"]
     em = _Emitter(program, "              ", names=names)
-    inner_deps = _deps_outside(red.body, names)
+    inner_deps = frozenset().union(*(x.vars() for x in _ir_exprs(red.body, skip=names)))  # (the rest of the body)
     if i is not None and i.name in inner_deps:
         em.lines.append(f"              {row_clamp}")
     if j.name in inner_deps:
@@ -690,40 +675,17 @@ def _vector_tile(program, plan, vec, ti, tj, r, K, row_clamp, row_names) -> list
 
 def _store_tile(program, kernel, plan, ti, tj) -> list[str]:
     """Write the tile's in-bounds outputs: the epilogue applied to each total."""
-    i, j = plan.i, plan.j
-    rows_n, cols_n = (kernel.shape[-2] if i is not None else sym(1)), kernel.shape[-1]
+    # the tile's output dims: (loop variable, its value at tile element ii, jj, its extent)
+    point = ([(plan.i, "i0 + ii", kernel.shape[-2])] if plan.i is not None else []) + [(plan.j, "j0 + jj", kernel.shape[-1])]
     out = [f"        for (int ii = 0; ii < {ti}; ii++) for (int jj = 0; jj < {tj}; jj++) {{"]
-    bounds = []
-    if i is not None:
-        out.append(f"          const long long {i.name} = i0 + ii;")
-        bounds.append(f"{i.name} < {rows_n.render_c()}")
-    out.append(f"          const long long {j.name} = j0 + jj;")
-    bounds.append(f"{j.name} < {cols_n.render_c()}")
-    out.append(f"          if ({' && '.join(bounds)}) {{")
+    out += [f"          const long long {var.name} = {at};" for var, at, _ in point]
+    out.append(f"          if ({' && '.join(f'{var.name} < {extent.render_c()}' for var, _, extent in point)}) {{")
     target = f"b{kernel.out}[{flat_index(kernel.loop_vars, kernel.shape).render_c()}]"
     em = _Emitter(program, "            ")
     em.names[plan.reduce] = "tile[ii][jj]"
     value = em.emit(kernel.value)
     out += em.lines + [f"            {target} = {value};"]
     return out + ["          }", "        }"]
-
-
-def _holds_loop(e, named: dict) -> bool:
-    """Whether `e` holds a reduction or gather outside the subtrees that already have a name."""
-    if e in named:
-        return False
-    return isinstance(e, (Reduce, Gather)) or any(_holds_loop(c, named) for c in children(e))
-
-
-def _deps_outside(e, named: dict) -> frozenset:
-    """Variables `e` depends on, not counting subtrees that already have a name."""
-    if e in named:
-        return frozenset()
-    if isinstance(e, Apply):
-        return frozenset().union(*(_deps_outside(a, named) for a in e.args))
-    if isinstance(e, Select):
-        return e.cond.vars() | _deps_outside(e.value, named)
-    return depends_on(e)
 
 
 def render_program(program: KernelProgram, schedules: dict | None = None) -> str:

@@ -11,7 +11,6 @@ import ctypes
 import os
 from typing import NamedTuple
 
-from ...compiler.search import Space
 from ...compiler.target import Target
 from . import bench, cc, schedules, space
 from .bench import machine
