@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the backend to compile for and run on (default: cpu)")
     common.add_argument("--search", nargs="?", const=True, default=None, metavar="SECONDS",
                         type=_number(float, 0, low_open=True, what="a number of seconds > 0"), help=SEARCH_HELP)
+    common.add_argument("--int8-activations", action="store_true",
+                        help="quantize the linear layers' inputs to int8 for integer dot products, as llama.cpp "
+                             "does (a block-quantized GGUF model only): faster decode, not bit-exact")
     common.add_argument("--max-new-tokens", type=_number(int, 0, what="an int >= 0"), default=256, metavar="N",
                         help="stop after N new tokens (default: 256)")
     common.add_argument("--temperature", type=_number(float, 0, what="a number >= 0"), default=0.0, metavar="T",
@@ -103,6 +106,7 @@ def _run(args, log) -> int:
     from .models import load
     started = time.perf_counter()
     model = load(args.model, backend=args.backend, search=args.search,
+                 activations="int8" if args.int8_activations else "float",
                  progress=lambda message: log(f"[{time.perf_counter() - started:5.1f} s] {message}"))
     options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, repetition_penalty=args.repetition_penalty, seed=args.seed, stop=args.stop)

@@ -84,7 +84,7 @@ class Gather:
 class Buffer:
     id: int
     numel: Expr
-    dtype: str  # storage dtype; everything but inputs is float32
+    dtype: str  # storage dtype; everything but inputs is float32, except int8-valued temps (int8_valued)
     kind: str  # "input" | "temp" | "output"
     name: str
 
@@ -416,6 +416,8 @@ class Lowering:
             elif len(n_uses) == 1 and (holds_reduce[n.id] or transcendental[n.id]) \
                     and _read_more_than_once(n, n_uses) and out_of_order:
                 self.realized.add(n.id)
+            elif int8_valued(n) and any(_read_more_than_once(n, [use]) for use in n_uses):
+                self.realized.add(n.id)  # stored once as bytes, not recomputed in float per read
             elif row_srcs[n.id] and out_of_order:
                 if any(_read_more_than_once(n, [use]) for use in out_of_order):
                     self.realized.add(n.id)
@@ -441,7 +443,8 @@ class Lowering:
         for n in g.nodes:
             if n.id in self.realized and n.op != "input":
                 kind, name = ("output", direct[n.id]) if n.id in direct else ("temp", f"t{n.id}")
-                buf = self.new_buffer(numel(n.shape), "float32", kind, name)
+                buf = self.new_buffer(numel(n.shape), "int8" if kind == "temp" and int8_valued(n) else "float32", kind,
+                                      name)
                 value = self.value(n, index_vars(n.shape), sym(1), root=True)
                 self.kernels.append(Kernel(f"k{len(self.kernels)}_{n.op}", buf, n.shape, value))
                 self.buffer_of[n.id] = buf
@@ -496,6 +499,19 @@ class Lowering:
         src_idx = list(idx[:node.axis]) + [var] + list(idx[node.axis:])
         reduction = Reduce(node.op, var, extent, self.read(src, tracker, src_idx, guard))
         return unroll_short_reduction(gather_one_hot(reduction))
+
+
+def int8_valued(n: Node) -> bool:
+    """Whether `n` is trunc(fmod(y, c)), 0 < |c| <= 128, as the library spells trunc (t + fmod(t, 1)
+    * -1, t = fmod(y, c)): an integer in [-127, 127] for every finite y -- an activation quantized
+    to int8 (io/quant.py), stored as int8 so that its consumers load exact integers."""
+    def constant(edge):
+        return edge[0].value if edge[0].op == "constant" and isinstance(edge[0].value, float) else None
+    if n.op != "add" or n.srcs[1][0].op != "mul" or constant(n.srcs[1][0].srcs[1]) != -1.0:
+        return False
+    frac, t = n.srcs[1][0].srcs[0][0], n.srcs[0][0]
+    return frac.op == "mod" and frac.srcs[0] == n.srcs[0] and constant(frac.srcs[1]) == 1.0 and t.op == "mod" \
+        and 0 < abs(constant(t.srcs[1]) or 0) <= 128
 
 
 def _read_more_than_once(node: Node, uses) -> bool:

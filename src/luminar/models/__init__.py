@@ -40,13 +40,16 @@ __all__ = ["load", "resolve", "MODEL_NAMES", "LlamaModel", "LlamaConfig", "KVCac
 
 
 def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None = None,
-         search: bool | float | None = None, device: str | None = None, **compile_options) -> LlamaModel:
+         search: bool | float | None = None, device: str | None = None, activations: str = "float",
+         **compile_options) -> LlamaModel:
     """Load and compile a model: `path` is a GGUF file, a Hugging Face directory, an artifact from
     `luminar export` or a name in MODEL_NAMES; None means the default model (SmolLM2-135M-Instruct).
 
     `progress(message)` is called with a line of text at each stage (reading, building,
     compiling). `search` (cpu backend: False, True or a budget in seconds; None defers to
-    LUMINAR_SEARCH) turns on the search compiler, whose choices are cached on disk. Other options
+    LUMINAR_SEARCH) turns on the search compiler, whose choices are cached on disk. `activations`
+    "int8" (a block-quantized GGUF only) quantizes the linear layers' inputs to int8 for integer
+    dot products, as llama.cpp does: faster decode, not bit-exact (LlamaModel). Other options
     go to `Graph.compile`. Missing, corrupt or truncated files raise WeightFileError. `device` is
     another name for `backend` (`load(device="opencl")`, as `luminar chat --device opencl`).
     """
@@ -62,6 +65,9 @@ def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None
         raise WeightFileError(f"{path}: no such file or directory")
     from ..serve.artifact import is_artifact, load_artifact
     if is_artifact(path):  # a file from `luminar export`: graphs, weights, tokenizer and tuning in one
+        if activations != "float":
+            raise UnsupportedError(f"load: {path} is an exported artifact; its graph is fixed, so activations="
+                                   f"{activations!r} does not apply (export from the GGUF file instead)")
         return load_artifact(path, backend=backend, progress=progress, **compile_options)
     started = time.perf_counter()
     say(f"reading {path}")
@@ -72,7 +78,8 @@ def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None
             config, weights, tokenizer = _read_gguf(path)
         say(f"read {config.architecture}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, "
             f"vocab {config.vocab_size} in {time.perf_counter() - started:.1f} s")
-        return LlamaModel(config, weights, tokenizer, backend=backend, progress=say, **compile_options)
+        return LlamaModel(config, weights, tokenizer, backend=backend, progress=say, activations=activations,
+                          **compile_options)
 
 
 MODEL_NAMES = ("smollm2", "gemma", "gemma3")  # what load() takes besides a path

@@ -45,8 +45,9 @@ import numpy as np
 
 import luminar as lm
 
-from ..errors import LuminarError, ShapeError, UnsupportedError, WeightFileError
+from ..errors import LuminarError, ShapeError, UnsupportedError, ValueDomainError, WeightFileError
 from ..graph import Graph, parse_dim
+from ..io.quant import INT8_FORMATS, QuantizedWeight, int8_linear, quantize_activations
 from ..tensor import GraphTensor
 from .generate import SamplingParams, Sampler, generate_ids, stop_at
 
@@ -409,6 +410,9 @@ class Weights:
         self.declared: dict[tuple, GraphTensor] = {}  # a tied weight is declared once
         self.used: set[str] = set()  # stored names consumed, by the graph or by the loader
         self.rope_factors: np.ndarray | None = None  # a GGUF's rope_freqs.weight (llama 3 frequency factors)
+        self.activations = "float"  # or "int8": linear layers quantize their input per block (int8_linear)
+        self.quantized: dict[tuple, QuantizedWeight] = {}  # block-quantized GGUF weights, by (id(graph), name)
+        self.quantized_inputs: dict[int, tuple] = {}  # id(x) -> (x, quantize_activations(x)) (x kept: ids stay unique)
 
     def __call__(self, g: Graph, name: str, shape: tuple) -> GraphTensor:
         """The weight `name` as a graph tensor of `shape` (declared once per graph)."""
@@ -421,10 +425,30 @@ class Weights:
                 raise WeightFileError(f"weights: tensor {called} has shape {tuple(self.shape_of(name))}, "
                                       f"the config expects {tuple(shape)}")
             tensor, arrays = self._declare(g, name)
+            if isinstance(tensor, QuantizedWeight):
+                self.quantized[id(g), name], tensor = tensor, tensor.dequantized()
             self.arrays.update(arrays)
             self.declared[id(g), name] = tensor
             self.used.add(self.source(name))
         return self.declared[id(g), name]
+
+    def linear(self, g: Graph, x: GraphTensor, name: str, shape: tuple, bias: GraphTensor | None) -> GraphTensor:
+        """x @ weight.T (+ bias) for the weight `name` of `shape` (n_out, n_in): in float32, or with
+        `activations` "int8" by integer dots on the int8-quantized rows of x (io/quant.int8_linear:
+        llama.cpp's Q8_1 activations), which needs a block-quantized GGUF weight."""
+        weight = self(g, name, shape)
+        if self.activations == "float":
+            return lm.linear(x, weight, bias)
+        quantized = self.quantized.get((id(g), name))
+        if quantized is None or quantized.qtype not in INT8_FORMATS:
+            stored = f"as {quantized.qtype}" if quantized else "as float (not block-quantized)"
+            raise UnsupportedError(f"int8 activations: weight {self.source(name)!r} is stored {stored}; the int8 "
+                                   f"dot needs a GGUF block format ({', '.join(INT8_FORMATS)}, or Q5_0 / Q4_K / "
+                                   f"Q6_K, which repack into them)")
+        if id(x) not in self.quantized_inputs:  # (q, k and v, gate and up read one input: quantized once)
+            self.quantized_inputs[id(x)] = x, quantize_activations(x)
+        y = int8_linear(x, quantized, self.quantized_inputs[id(x)][1])
+        return y if bias is None else y + bias
 
     def check_all_used(self, ignored: Callable[[str], bool] = lambda name: False):
         unused = [n for n in self.stored if n not in self.used and not ignored(n)]
@@ -453,10 +477,10 @@ class Weights:
 
     @classmethod
     def from_gguf(cls, tensors: dict, config: LlamaConfig | None = None) -> Weights:
-        from ..io.quant import weight
+        from ..io.quant import quantized_weight
         sandwich = config is not None and config.sandwich_norms
         name = lambda n: gguf_name(n, sandwich)  # noqa: E731
-        weights = cls(lambda n: name(n) in tensors, lambda g, n: weight(g, name(n), tensors[name(n)]),
+        weights = cls(lambda n: name(n) in tensors, lambda g, n: quantized_weight(g, name(n), tensors[name(n)]),
                       lambda n: tuple(tensors[name(n)].shape), stored=list(tensors), source=name)
         if "rope_freqs.weight" in tensors:  # llama 3 GGUFs: per-frequency divisors of the RoPE frequencies
             weights.rope_factors = tensors["rope_freqs.weight"].dequantize()
@@ -553,7 +577,7 @@ def decoder_stack(g: Graph, c: LlamaConfig, weights: Weights, tokens: GraphTenso
         return weights(g, name, shape)
 
     def linear(x, name, n_out, n_in, bias=False):
-        return lm.linear(x, w(name + ".weight", n_out, n_in), w(name + ".bias", n_out) if bias else None)
+        return weights.linear(g, x, name + ".weight", (n_out, n_in), w(name + ".bias", n_out) if bias else None)
 
     def norm(x, name, size=d):
         scale = w(name + ".weight", size)
@@ -754,10 +778,16 @@ class LlamaModel:
     """A compiled Llama-family model with its tokenizer: `logits`, `generate`, `chat`."""
 
     def __init__(self, config: LlamaConfig, weights: Weights, tokenizer=None, backend: str = "cpu",
-                 progress: Callable[[str], None] | None = None, **compile_options):
+                 progress: Callable[[str], None] | None = None, activations: str = "float", **compile_options):
+        """`activations` "int8" quantizes each linear layer's input rows to int8 per block of 32 and
+        multiplies by integer dots (Weights.linear; faster decode, not exact: logits move by about
+        1e-2); the default "float" computes in float32."""
+        if activations not in ("float", "int8"):
+            raise ValueDomainError(f"LlamaModel: activations must be 'float' or 'int8', got {activations!r}")
         self.config, self.tokenizer, self.backend = config, tokenizer, backend
         say = progress or (lambda message: None)
         started = time.perf_counter()
+        weights.activations = activations
         graph = build_graph(config, weights)
         weights.check_all_used()
         say(f"built the graph ({len(graph.nodes):,} nodes) in {time.perf_counter() - started:.1f} s; "

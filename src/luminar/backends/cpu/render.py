@@ -41,6 +41,31 @@ PRELUDE = f"""\
 extern float exp2f(float) __attribute__((simd("notinbranch")));
 extern float sinf(float) __attribute__((simd("notinbranch")));
 typedef float lm_vec __attribute__((vector_size({4 * cc.VECTOR_LANES})));  /* one SIMD register of floats */
+/* Integer block dot: products of 16 + 16 int8 pairs, a0.b0 + a1.b1, summed in pairs into 8 float
+   lanes (exact integers). The bytes are widened to int16 (exact for any int8, where maddubs's
+   u8 x s8 would need one operand below 128) and multiplied-added pairwise (pmaddwd; VNNI's
+   vpdpwssd fuses the add). Each half is loaded as 16 bytes, as a staging loop stored it: a
+   32-byte load of two 16-byte stores stalls on store-forwarding (Zen). */
+typedef float lm_v8 __attribute__((vector_size(32)));
+static const signed char lm_zero16[16];
+#ifdef __AVX2__
+#include <immintrin.h>
+#define LM_WIDE(p) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)))
+static inline lm_v8 lm_dot16x2(const signed char *a0, const signed char *b0, const signed char *a1, const signed char *b1) {{
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+    const __m256i sum = _mm256_dpwssd_epi32(_mm256_madd_epi16(LM_WIDE(a0), LM_WIDE(b0)), LM_WIDE(a1), LM_WIDE(b1));
+#else
+    const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(LM_WIDE(a0), LM_WIDE(b0)), _mm256_madd_epi16(LM_WIDE(a1), LM_WIDE(b1)));
+#endif
+    return (lm_v8)_mm256_cvtepi32_ps(sum);
+}}
+#else
+static inline lm_v8 lm_dot16x2(const signed char *a0, const signed char *b0, const signed char *a1, const signed char *b1) {{
+    lm_v8 sum = {{0}};
+    for (int l = 0; l < 16; l++) sum[l / 2] += (float)(a0[l] * b0[l] + a1[l] * b1[l]);
+    return sum;
+}}
+#endif
 static inline float lm_bf16(unsigned short b) {{ union {{ uint32_t u; float f; }} v = {{ (uint32_t)b << 16 }}; return v.f; }}
 /* exp2 as inline arithmetic rather than libmvec's exp2f: that one takes a slow per-lane path for
    results outside the normal floats (masked attention scores below -126 made a causal softmax
@@ -172,6 +197,8 @@ class _Emitter:
     def reduce(self, e: Reduce) -> str:
         prim = PRIMITIVES[e.op]
         self.hoist(e.body, e.var.name)
+        if e.op == "sum_reduce" and not self.threaded_reduce and e not in self.stash and _block_dot(e, self):
+            return self.block_dot(e, _block_dot(e, self))
         if e.op == "sum_reduce" and not self.threaded_reduce and _vector_leaves(e.body) and e not in self.stash:
             return self.sum_in_vector(_vector_leaves(e.body), e)
         acc = self.fresh("acc")
@@ -277,6 +304,43 @@ class _Emitter:
                        f"{ind}for (int l = 0; l < {size}; l++) {acc} += {vec}[l];"]
         return acc
 
+    def block_dot(self, e: Reduce, terms: list) -> str:
+        """Sum over blocks of terms scale * (sum of int8 products over 16 or 32 elements): per block
+        and term one lm_dot16x2 into 8 float lanes, times the scale, accumulated in the lanes (no
+        horizontal sum per block); other terms accumulate beside them. An int8 load at unit stride is passed as a pointer; another
+        operand (a nibble) is staged into a byte array by a vectorized loop first."""
+        ind, lanes, acc = self.indent, self.fresh("dots"), self.fresh("acc")
+        self.lines += [f"{ind}lm_v8 {lanes} = {{0}}; float {acc} = 0.0f;",
+                       f"{ind}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; {e.var.name}++) {{"]
+        body = self.child("    ")
+        for leaves, scale in terms:
+            if leaves is None:
+                body.lines.append(f"{body.indent}{acc} += {body.emit(scale)};")
+                continue
+            i, size = leaves[0].var.name, leaves[0].extent.value
+            inner, halves = body.child("    "), []
+            for leaf in leaves:
+                pair = []
+                for operand in leaf.body.args:
+                    buf = self.program.buffers[operand.buffer] if isinstance(operand, Load) else None
+                    if buf and buf.dtype == "int8" and operand.valid == sym(1) and stride(operand.index, leaf.var) == 1:
+                        pair.append(f"&b{buf.id}[{operand.index.substitute({i: sym(0)}).render_c()}]")
+                    else:  # (a fresh name per staged operand, assigned in the one loop below)
+                        pair.append(inner.fresh("bytes"))
+                        inner.lines.append(f"{inner.indent}{pair[-1]}[{i}] = {inner.fixed(operand).code};")
+                halves += [pair] if size == 16 else [pair, [f"{p} + 16" for p in pair]]
+            staged = [p for pair in halves for p in pair if p.isidentifier()]
+            body.count = inner.count
+            if staged:
+                body.lines += [f"{body.indent}signed char {', '.join(f'{p}[{size}]' for p in staged)};",
+                               f"{body.indent}#pragma omp simd", f"{body.indent}for (long long {i} = 0; {i} < {size}; {i}++) {{",
+                               *inner.lines, f"{body.indent}}}"]
+            a0, b0, a1, b1 = [p for pair in halves + [["lm_zero16"] * 2] * (len(halves) == 1) for p in pair]
+            body.lines.append(f"{body.indent}{lanes} += lm_dot16x2({a0}, {b0}, {a1}, {b1}) * {body.emit(scale)};")
+        self.lines += body.lines + [f"{ind}}}", f"{ind}for (int l = 0; l < 8; l++) {acc} += {lanes}[l];"]
+        self.count = body.count
+        return acc
+
     def gather(self, e: Gather) -> str:
         """The body evaluated once, at the integer the index holds (0.0 when it is not a valid index)."""
         out, index = self.fresh("gather"), self.emit(e.index)
@@ -349,8 +413,8 @@ def _fixed(e, em: _Emitter) -> Fixed | None:
     floor = _floor_of(e)  # x - fmod(x, 2^m), spelled x + fmod(x, 2^m) * -1: n with its low bits cleared
     if floor is not None:
         x, m = em.fixed(floor[0]), floor[1]
-        if x and x.lo >= 0 and not x.minus_zero and 0 <= m + x.k < 31:
-            return Fixed(f"({x.code} & ~{(1 << (m + x.k)) - 1})", x.k, 0, x.hi)
+        if x and x.lo >= 0 and not x.minus_zero and 0 <= m + x.k < 31:  # (an integer: k = 0)
+            return Fixed(f"(({x.code} >> {x.k}) & ~{(1 << m) - 1})", 0, 0, x.hi >> x.k)
     a, b = em.fixed(e.args[0]), em.fixed(e.args[1])
     if not a or not b or a.k != b.k:
         return None
@@ -382,6 +446,31 @@ def _vector_leaves(body) -> list | None:
             and 8 <= leaves[0].extent.value <= 64:
         return leaves
     return None
+
+
+def _block_dot(e: Reduce, em: _Emitter) -> list[tuple[list, object]] | None:
+    """[(leaves, scale)] when `e` sums over blocks a sum of terms `scale * (sum of leaves)`, the
+    leaves 1 or 2 sums of 16 (or one of 32) products of two int8-ranged integers (Fixed, k = 0):
+    what _Emitter.block_dot renders as integer dots; else None."""
+    terms, scratch = [e.body], em.child("")  # (the checks' named values are dropped)
+    def sum_of(t) -> bool:  # (an unrolled split of the block axis: a sum_reduce of two)
+        return isinstance(t, Apply) and t.op in ("add", "sum_reduce")
+    while any(map(sum_of, terms)):  # one term per part
+        terms = [part for t in terms for part in (t.args if sum_of(t) else [t])]
+    found = []
+    for term in terms:
+        found.append((None, term))  # (a term that is no integer dot: a Q4_1 block's minimum times sum(q))
+        for dot, scale in ((term.args, term.args[::-1]) if isinstance(term, Apply) and term.op == "mul" else ()):
+            leaves = _vector_leaves(dot)
+            if leaves and (len(leaves), leaves[0].extent.value) in ((1, 16), (2, 16), (1, 32)) and all(
+                    isinstance(x.body, Apply) and x.body.op == "mul" and all(
+                        (f := scratch.fixed(a)) and f.k == 0 and -128 <= f.lo <= f.hi <= 127 for a in x.body.args)
+                    for x in leaves):
+                found[-1] = (leaves, scale)
+                break
+    rest = [term for leaves, term in found if leaves is None]
+    return found if len(rest) < len(found) and not any(isinstance(n, (Reduce, Gather)) for t in rest for n in walk(t)) \
+        else None
 
 
 def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
