@@ -79,12 +79,12 @@ def child_start() -> None:
 
 
 # -- one-thread CPU time per token: `python bench/llm.py --child-cpu NAME TOKENS` ---------------------
-def child_cpu(name: str, tokens: int) -> None:
+def child_cpu(name: str, tokens: int, activations: str = "float") -> None:
     """Load a model (OMP_NUM_THREADS=1 in the environment) and print, as one JSON line, the
     process CPU seconds per decode token (median of 3 rounds of `tokens` steps) and the bytes of
     weights a decode step reads (every stored weight; the embedding table is the tied output
     head on both models)."""
-    lum = Luminar(None if name == "default" else name)
+    lum = Luminar(None if name == "default" else name, activations)
     ids = [int(i) for i in lum.tokenizer.encode(PROSE[:80])]
     lum.decode(ids, 4)  # warm-up
     rounds, m = [], lum.model
@@ -107,11 +107,14 @@ def measure_cpu_time(binary, path: str, name: str, tokens: int) -> dict:
     import resource
     import llama_cpp
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child-cpu", name or "default", str(tokens)],
-                          env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the --child-cpu run failed: {proc.stderr[-2000:]}")
-    lum = json.loads(proc.stdout.strip().splitlines()[-1])
+    lum = {}
+    for activations in ("float", "int8"):
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child-cpu", name or "default",
+                               str(tokens), activations], env=env, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the --child-cpu run failed: {proc.stderr[-2000:]}")
+        lum[activations] = json.loads(proc.stdout.strip().splitlines()[-1])
+    lum, int8 = lum["float"], lum["int8"]
 
     def children_cpu() -> float:
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -125,6 +128,7 @@ def measure_cpu_time(binary, path: str, name: str, tokens: int) -> dict:
             spans.append(children_cpu() - before)
         peer.append((spans[1] - spans[0]) / tokens)
     return {"luminar_cpu_s_per_token": lum["cpu_s_per_token"], "luminar_rounds": lum["rounds"],
+            "luminar_int8_cpu_s_per_token": int8["cpu_s_per_token"], "luminar_int8_rounds": int8["rounds"],
             "llama_cpp_cpu_s_per_token": statistics.median(peer), "llama_cpp_rounds": peer,
             "weight_bytes": lum["weight_bytes"]}
 
@@ -171,12 +175,12 @@ def measure_starts(cold_repeats: int, warm_repeats: int) -> dict:
 
 # -- the contenders ---------------------------------------------------------------------------------
 class Luminar:
-    name = "luminar"
-
-    def __init__(self, path=None):
+    def __init__(self, path=None, activations: str = "float"):
+        """`activations` "int8": the model with int8-quantized activations (models.load's option)."""
         import luminar.models
+        self.name = "luminar" if activations == "float" else f"luminar {activations}"
         started = time.perf_counter()
-        self.model = luminar.models.load(path)
+        self.model = luminar.models.load(path, activations=activations)
         self.load_s = time.perf_counter() - started
         self.tokenizer = self.model.tokenizer
 
@@ -357,21 +361,24 @@ def measure_peer(cfg: dict, loaded: dict, build: bool = True) -> dict:
     limits = measure_limits(threads=(1, threads), repeats=5)
     out = {"binary": str(binary), "threads": threads, "models": {}, "bandwidth_gbs": limits["bandwidth_gbs"]}
     for label, (path, name) in peer_models().items():
-        lum = loaded.get(name) or Luminar(name)
+        # luminar as loaded (float32 activations) and with int8 activations (extra rows)
+        ours = {"luminar": loaded.get(name) or Luminar(name), "luminar int8": loaded.get((name, "int8")) or Luminar(name, "int8")}
+        lum = ours["luminar"]
         ids = [int(i) for i in lum.tokenizer.encode(PROSE[:80])]
         long_ids = prefill_ids(lum.tokenizer, p)
-        lum.decode(ids, 4)  # warm-up
-        lum.prefill(long_ids)
-        runs = {"luminar": [], "llama.cpp": []}
+        for model in ours.values():
+            model.decode(ids, 4)  # warm-up
+            model.prefill(long_ids)
+        runs, tokens = {"luminar": [], "luminar int8": [], "llama.cpp": []}, {}
         for r in range(cfg["peer_rounds"]):
-            for side in rotated(["luminar", "llama.cpp"], r):
+            for side in rotated(list(runs), r):
                 settle()
                 if side == "llama.cpp":
                     runs[side].append(llama_cpp.run_llama_bench(binary, path, p, n, threads))
                 else:
-                    _, steps = lum.decode(ids, n)
+                    tokens[side], steps = ours[side].decode(ids, n)
                     settle()
-                    seconds, _ = lum.prefill(long_ids)
+                    seconds, _ = ours[side].prefill(long_ids)
                     runs[side].append({"decode_tok_s": len(steps) / sum(steps), "prefill_s": seconds,
                                        "prefill_tok_s": p / seconds})
                 last = runs[side][-1]
@@ -385,8 +392,16 @@ def measure_peer(cfg: dict, loaded: dict, build: bool = True) -> dict:
             "path": path, "prompt_tokens": len(ids), "runs": runs, "median": medians, "cpu_time": cpu,
             "llama_cpp_build": runs["llama.cpp"][0].get("build", "?"),
             "decode_ratio": medians["luminar"]["decode_tok_s"] / medians["llama.cpp"]["decode_tok_s"],
-            "prefill_ratio": medians["llama.cpp"]["prefill_s"] / medians["luminar"]["prefill_s"]}
+            "prefill_ratio": medians["llama.cpp"]["prefill_s"] / medians["luminar"]["prefill_s"],
+            "int8_decode_ratio": medians["luminar int8"]["decode_tok_s"] / medians["llama.cpp"]["decode_tok_s"],
+            "int8_prefill_ratio": medians["llama.cpp"]["prefill_s"] / medians["luminar int8"]["prefill_s"],
+            "int8_tokens_agree": _agreeing(tokens["luminar"], tokens["luminar int8"])}
     return out
+
+
+def _agreeing(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two greedy decodes share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def render_peer(peer: dict, cfg: dict) -> str:
@@ -397,16 +412,21 @@ def render_peer(peer: dict, cfg: dict) -> str:
     n, p = cfg["decode_tokens"], cfg["prefill_tokens"]
     rows = []
     for label, m in peer["models"].items():
-        lum, ref = m["median"]["luminar"], m["median"]["llama.cpp"]
-        rows.append([label, f"{lum['decode_tok_s']:.1f}", f"{ref['decode_tok_s']:.1f}", f"{m['decode_ratio']:.2f}×",
-                     f"{lum['prefill_s']:.3f}", f"{ref['prefill_s']:.3f}", f"{m['prefill_ratio']:.2f}×"])
+        ref = m["median"]["llama.cpp"]
+        for side, key, name in (("luminar", "", label), ("luminar int8", "int8_", f"{label}, int8 activations")):
+            lum = m["median"][side]
+            rows.append([name, f"{lum['decode_tok_s']:.1f}", f"{ref['decode_tok_s']:.1f}", f"{m[key + 'decode_ratio']:.2f}×",
+                         f"{lum['prefill_s']:.3f}", f"{ref['prefill_s']:.3f}", f"{m[key + 'prefill_ratio']:.2f}×"])
     return "\n".join(head + [
         f"`llama-bench -p {p} -n {n} -t {peer['threads']} -r 1` (llama.cpp from llama-cpp-python "
         f"{__import__('llama_cpp').VERSION}, native build: `{peer['binary']}`) and luminar ({peer['threads']} "
         f"OpenMP threads) on the same GGUF files, {cfg['peer_rounds']} interleaved rounds, medians. "
         f"Ratios: luminar's decode tok/s over llama.cpp's, llama.cpp's prefill time over luminar's "
         f"(above 1: luminar faster). llama-bench decodes from an empty context, luminar after a "
-        f"{next(iter(peer['models'].values()))['prompt_tokens']}-token prompt.", "",
+        f"{next(iter(peer['models'].values()))['prompt_tokens']}-token prompt. The int8 rows: "
+        f"`load(activations=\"int8\")`, each linear layer's input quantized per block of 32 (llama.cpp's Q8_1) "
+        f"and multiplied by integer dots; its {n} greedy tokens equal the float32 model's for the first "
+        + ", ".join(f"{m['int8_tokens_agree']} ({label})" for label, m in peer["models"].items()) + ".", "",
         table(["model", f"luminar decode tok/s", "llama.cpp decode tok/s", "decode ratio",
                f"luminar prefill {p} s", f"llama.cpp prefill {p} s", "prefill ratio"], rows), "",
         f"Bandwidth fraction: the weights a decode step reads (all of them) times the decode rate, over "
@@ -415,7 +435,8 @@ def render_peer(peer: dict, cfg: dict) -> str:
         f"CPU time of -n {4 + n} minus -n 4), three rounds each, medians: a ratio that other tenants "
         f"of a shared machine inflate less than wall time.", "",
         table(["model", "weights per token MB (luminar / GGUF file)", "luminar GB/s (fraction)", "llama.cpp GB/s (fraction)",
-               "luminar CPU ms/token, 1 thread", "llama.cpp CPU ms/token, 1 thread", "CPU-time ratio"],
+               "luminar CPU ms/token, 1 thread", "llama.cpp CPU ms/token, 1 thread", "CPU-time ratio",
+               "int8 activations: CPU ms/token, ratio"],
               [_cpu_row(label, m, peer["bandwidth_gbs"]) for label, m in peer["models"].items()]), ""])
 
 
@@ -425,7 +446,9 @@ def _cpu_row(label: str, m: dict, bandwidth_gbs: float) -> list[str]:
     rates = [size / 1e3 * m["median"][side]["decode_tok_s"] for size, side in ((mb, "luminar"), (file_mb, "llama.cpp"))]
     return [label, f"{mb:.0f} / {file_mb:.0f}", *(f"{r:.1f} ({r / bandwidth_gbs:.0%})" for r in rates),
             f"{cpu['luminar_cpu_s_per_token'] * 1e3:.2f}", f"{cpu['llama_cpp_cpu_s_per_token'] * 1e3:.2f}",
-            f"{cpu['llama_cpp_cpu_s_per_token'] / cpu['luminar_cpu_s_per_token']:.2f}×"]
+            f"{cpu['llama_cpp_cpu_s_per_token'] / cpu['luminar_cpu_s_per_token']:.2f}×",
+            f"{cpu['luminar_int8_cpu_s_per_token'] * 1e3:.2f}, "
+            f"{cpu['llama_cpp_cpu_s_per_token'] / cpu['luminar_int8_cpu_s_per_token']:.2f}×"]
 
 
 # -- luminar's per-kernel profile ---------------------------------------------------------------------
@@ -653,6 +676,10 @@ def render(data: dict) -> str:
            f"- Greedy tokens identical for the first {data['checks']['decode_tokens_agree']} of {c['decode_tokens']} "
            f"new tokens (luminar: Q4_1 weights dequantized in the kernels, transformers: the same weights dequantized "
            f"to float32).",
+           f"- With int8 activations (`load(activations=\"int8\")`, not the default): "
+           f"{decode['luminar int8']['tok_s']['median']:.1f} tok/s decode in the same rounds (median step "
+           f"{decode['luminar int8']['step_ms']['median']:.2f} ms); its greedy tokens equal transformers' for the first "
+           f"{data['checks']['int8_decode_tokens_agree']} of {c['decode_tokens']}.",
            f"- Prefill: {c['prefill_tokens']} tokens of repeated prose from an empty cache, one forward pass, logits for "
            f"the last position (transformers: `logits_to_keep=1`, `use_cache=True`). Interleaved rounds: luminar "
            f"{prefill['luminar']['seconds']['n']}, transformers {prefill['transformers']['seconds']['n']} (a contender "
@@ -750,13 +777,13 @@ def main(argv=None) -> int:
                                                                  "writes nothing)")
     parser.add_argument("--no-build", action="store_true", help="skip llama.cpp unless it is already built")
     parser.add_argument("--child-start", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--child-cpu", nargs=2, metavar=("MODEL", "TOKENS"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-cpu", nargs=3, metavar=("MODEL", "TOKENS", "ACTIVATIONS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_start:
         child_start()
         return 0
     if args.child_cpu:
-        child_cpu(args.child_cpu[0], int(args.child_cpu[1]))
+        child_cpu(args.child_cpu[0], int(args.child_cpu[1]), args.child_cpu[2])
         return 0
     sys.path.insert(0, str(HERE))  # machine.py, timing.py and llama_cpp.py
     import numpy as np
@@ -788,7 +815,7 @@ def main(argv=None) -> int:
         data["starts"] = measure_starts(cfg["cold_starts"], cfg["warm_starts"])
 
     say("loading both models in this process...")
-    lum = Luminar()
+    lum, lum8 = Luminar(), Luminar(activations="int8")
     hf = Transformers(cfg["model_path"])
     data["load_in_process_s"] = {"luminar": lum.load_s, "transformers": hf.load_s}
     data["transformers_attn"] = hf.attn_implementation
@@ -802,14 +829,14 @@ def main(argv=None) -> int:
     data["idle"].append(wait_idle("decode and prefill", args.idle_wait))
     with foreign_load(data, "decode and prefill"):
         say("decode...")
-        data["decode"] = measure_decode([lum, hf], chat_ids, cfg["decode_tokens"], cfg["decode_rounds"])
+        data["decode"] = measure_decode([lum, hf, lum8], chat_ids, cfg["decode_tokens"], cfg["decode_rounds"])
         say("prefill...")
         data["prefill"], last = measure_prefill([lum, hf], long_ids, cfg["prefill_rounds"])
 
     data["idle"].append(wait_idle("the llama.cpp comparison", args.idle_wait))
     with foreign_load(data, "llama.cpp comparison"):
         say("llama.cpp in the same run...")
-        data["peer"] = measure_peer(cfg, {None: lum}, build=not args.no_build)
+        data["peer"] = measure_peer(cfg, {None: lum, (None, "int8"): lum8}, build=not args.no_build)
 
     with foreign_load(data, "generate() and profile"):
         say("transformers generate()...")
@@ -818,8 +845,8 @@ def main(argv=None) -> int:
         data["profile"] = profile_luminar(lum, chat_ids, long_ids, cfg["profile_steps"])
 
     a, b = data["decode"]["luminar"].pop("tokens"), data["decode"]["transformers"].pop("tokens")
-    agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    data["checks"] = {"decode_tokens_agree": agree, "luminar_text": tok.decode(a), "transformers_text": tok.decode(b),
+    int8_tokens = data["decode"]["luminar int8"].pop("tokens")
+    data["checks"] = {"decode_tokens_agree": _agreeing(a, b), "int8_decode_tokens_agree": _agreeing(int8_tokens, b), "luminar_text": tok.decode(a), "transformers_text": tok.decode(b),
                       "prefill_max_abs_logit_diff": float(np.abs(last["luminar"] - last["transformers"]).max()),
                       "prefill_argmax_agrees": bool(last["luminar"].argmax() == last["transformers"].argmax())}
     data["total_s"] = time.perf_counter() - started

@@ -292,7 +292,7 @@ def test_load_passes_search_to_compile(tmp_path, monkeypatch):
     with pytest.raises(Stop):
         _small_model("llama").save_pretrained(tmp_path)
         luminar.models.load(tmp_path, search=7.0)
-    assert captured == {"search": 7.0}
+    assert captured == {"search": 7.0, "activations": "float"}  # (activations: a LlamaModel option)
 
 
 def test_load_takes_device_as_another_name_for_backend(tmp_path, monkeypatch):

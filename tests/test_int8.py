@@ -1,0 +1,177 @@
+"""int8 activations: io/quant.int8_linear (x quantized per block of 32 as llama.cpp's Q8_1, integer
+dots against Q8_0 / Q4_0 / Q4_1 weights), the lowering's int8 storage of quantized activations
+and the CPU renderer's integer block dots (lm_dot16x2).
+
+References: an independent numpy emulation of llama.cpp's Q8_1 quantization and Q4 x Q8 dot
+(float64 arithmetic, round half away from zero as ggml's scalar quantize_row_q8_1 does), the
+`gguf` package's quantizer for the weights, the reference interpreter, and the float32 model.
+"""
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from luminar.backends import BACKENDS
+from luminar.errors import ShapeError, UnsupportedError, ValueDomainError
+from luminar.graph import Graph
+from luminar.io import quant
+
+pytestmark = pytest.mark.skipif("cpu" not in BACKENDS, reason="needs the cpu backend (a C compiler)")
+gguf = pytest.importorskip("gguf")
+
+
+def quantized(values: np.ndarray, qtype: str) -> dict[str, np.ndarray]:
+    """`values` (rows, K) in GGUF format `qtype` by the gguf package, split into luminar's parts."""
+    kind = gguf.GGMLQuantizationType[qtype]
+    blocks = gguf.quants.quantize(values, kind)
+    fmt = quant.FORMATS[qtype]
+    return fmt.split(blocks.reshape(values.shape[0], -1, fmt.type_size))
+
+
+def numpy_int8_linear(x: np.ndarray, qtype: str, parts: dict[str, np.ndarray]) -> np.ndarray:
+    """llama.cpp's Q8_1 x Q4/Q8 dot, emulated: x per block of 32 as d = amax / 127 and
+    q = round(x / d) half away from zero; per block d * scale * sum(w_q * q) (+ d * min * sum(q))."""
+    rows, k = x.shape
+    blocks = x.astype(np.float64).reshape(rows, k // 32, 32)
+    amax = np.abs(blocks).max(-1)
+    d = amax / 127
+    scaled = np.divide(blocks, d[..., None], out=np.zeros_like(blocks), where=d[..., None] > 0)
+    q = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)
+    scale = parts["scale"].astype(np.float64)
+    if qtype == "Q8_0":
+        size = parts["quants"].shape[-1]  # 32, or 16 (a repacked Q6_K)
+        wq = parts["quants"].astype(np.float64)  # (n, blocks, size)
+        qb = q.reshape(rows, 1, -1, size)
+        dd = np.repeat(d, 32 // size, axis=-1)[:, None, :]
+        return (np.sum(wq * qb, -1) * scale * dd).sum(-1)
+    nibbles = np.concatenate([parts["quants"] & 15, parts["quants"] >> 4], -1).astype(np.float64)
+    minimum = parts["min"].astype(np.float64) if qtype == "Q4_1" else -8.0 * scale
+    dots = np.sum(nibbles * q[:, None], -1)  # (rows, n, blocks)
+    return (dots * scale * d[:, None] + minimum * (d * q.sum(-1))[:, None]).sum(-1)
+
+
+def compiled_int8_linear(x: np.ndarray, qtype: str, parts: dict, shape: tuple, backend: str = "cpu"):
+    g = Graph()
+    xs = g.tensor("x", x.shape)
+    inputs = {name: g.tensor(f"w_{name}", a.shape, quant._STORAGE[a.dtype]) for name, a in parts.items()}
+    quant.int8_linear(xs, quant.QuantizedWeight(qtype, inputs, shape)).output("y")
+    program = g.compile(backend)
+    return program, program.run({"x": x, **{f"w_{name}": a for name, a in parts.items()}})["y"]
+
+
+WEIGHTS = np.random.default_rng(0).standard_normal((40, 96)).astype(np.float32) * 0.1
+X = np.random.default_rng(1).standard_normal((3, 96)).astype(np.float32)
+X[1, 32:64] = 0.0  # a block of zeros quantizes to zeros (d = 0)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+def test_int8_linear_matches_llama_cpp_q8_1_emulation_and_the_reference(qtype):
+    parts = quantized(WEIGHTS, qtype)
+    program, ours = compiled_int8_linear(X, qtype, parts, WEIGHTS.shape)
+    expected = numpy_int8_linear(X, qtype, parts)
+    assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max()
+    _, reference = compiled_int8_linear(X, qtype, parts, WEIGHTS.shape, backend="reference")
+    assert np.abs(ours - reference).max() <= 1e-5 * np.abs(expected).max()
+    # and it is a matmul: within int8 rounding of the float product with the dequantized weight
+    exact = X @ quant.dequantize_parts(qtype, parts, WEIGHTS.shape).T
+    assert np.abs(ours - exact).max() <= 0.02 * np.abs(exact).max()
+    # the quantized activations are stored as bytes and multiplied by integer dots
+    assert "int8" in [program.kernels.buffers[k.out].dtype for k in program.kernels.kernels]
+    assert "lm_dot16x2(" in program.source.split("void lm_run")[0].split("#endif", 1)[1]
+
+
+def test_a_repacked_q6_k_weight_dots_blocks_of_16():
+    rng = np.random.default_rng(2)
+    parts = {"scale": (rng.random((40, 6)) * 0.01).astype(np.float32),
+             "quants": rng.integers(-32, 32, (40, 6, 16)).astype(np.int8)}  # as _q6k_as_q8 repacks
+    _, ours = compiled_int8_linear(X, "Q8_0", parts, (40, 96))
+    expected = numpy_int8_linear(X, "Q8_0", parts)
+    assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max()
+
+
+def test_int8_dot_fallback_without_avx2_computes_the_same_lanes(tmp_path):
+    """The renderer's C helper, built once with AVX2 and once for plain x86-64 (the portable loop)."""
+    from luminar.backends.cpu import cc
+    from luminar.backends.cpu.render import PRELUDE
+    if shutil.which(cc.compiler()) is None:
+        pytest.skip("no C compiler")
+    main = PRELUDE + r"""
+#include <stdio.h>
+int main(void) {
+    signed char a[32], b[32];
+    for (int i = 0; i < 32; i++) { a[i] = (signed char)(i * 37 - 128); b[i] = (signed char)(127 - i * 11); }
+    a[3] = -128; b[3] = -128; a[20] = 127; b[20] = -128;
+    lm_v8 lanes = lm_dot16x2(a, b, a + 16, b + 16);
+    for (int l = 0; l < 8; l++) printf("%.1f ", lanes[l]);
+    return 0;
+}
+"""
+    (tmp_path / "dot.c").write_text(main)
+    outputs = []
+    for flags in (["-march=native"], ["-march=x86-64", "-mno-avx2"]):
+        exe = tmp_path / f"dot{len(outputs)}"
+        build = subprocess.run([cc.compiler(), "-O2", "-fopenmp", *flags, str(tmp_path / "dot.c"), "-o", str(exe), "-lm"],
+                               capture_output=True, text=True)
+        if build.returncode:
+            pytest.skip(f"cannot build for {flags}: {build.stderr[:200]}")
+        outputs.append([float(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()])
+    a = np.array([(i * 37 - 128 + 128) % 256 - 128 for i in range(32)], np.int64)
+    b = np.array([(127 - i * 11 + 128) % 256 - 128 for i in range(32)], np.int64)
+    a[3], b[3], a[20], b[20] = -128, -128, 127, -128
+    lanes = [sum(a[h * 16 + 2 * l + j] * b[h * 16 + 2 * l + j] for h in (0, 1) for j in (0, 1)) for l in range(8)]
+    assert outputs[0] == outputs[1] == [float(v) for v in lanes]
+
+
+def test_unsupported_formats_and_shapes_are_clear_errors():
+    g = Graph()
+    x = g.tensor("x", (1, 64))
+    parts = {"scale": g.tensor("s", (8, 2), "float16"), "min": g.tensor("m", (8, 2), "float16"),
+             "high": g.tensor("h", (8, 2, 4), "uint8"), "quants": g.tensor("q", (8, 2, 16), "uint8")}
+    with pytest.raises(UnsupportedError, match="Q5_1"):
+        quant.int8_linear(x, quant.QuantizedWeight("Q5_1", parts, (8, 64)))
+    with pytest.raises(ShapeError, match="multiple of 32"):
+        quant.int8_linear(g.tensor("x48", (1, 48)), quant.QuantizedWeight("Q8_0", parts, (8, 48)))
+
+
+# -- a model -----------------------------------------------------------------------------------------
+def small_model(activations: str, formats=("Q4_1", "Q8_0")):
+    """A random-config Llama (2 layers, hidden 64) from GGUF tensors: linear weights in formats[0],
+    the (tied) embedding in formats[1], norms in F32."""
+    from luminar.io.gguf import GGUFTensor
+    from luminar.models.llama import LlamaConfig, LlamaModel, Weights
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+    rng = np.random.default_rng(3)
+    shapes = {"token_embd.weight": (96, 64), "output_norm.weight": (64,)}
+    for i in range(2):
+        shapes.update({f"blk.{i}.attn_norm.weight": (64,), f"blk.{i}.ffn_norm.weight": (64,),
+                       f"blk.{i}.attn_q.weight": (64, 64), f"blk.{i}.attn_k.weight": (32, 64),
+                       f"blk.{i}.attn_v.weight": (32, 64), f"blk.{i}.attn_output.weight": (64, 64),
+                       f"blk.{i}.ffn_gate.weight": (128, 64), f"blk.{i}.ffn_up.weight": (128, 64),
+                       f"blk.{i}.ffn_down.weight": (64, 128)})
+    tensors = {}
+    for name, shape in shapes.items():
+        values = (rng.standard_normal(shape) * (1.0 if "norm" in name else 0.2)).astype(np.float32)
+        if "norm" in name:
+            tensors[name] = GGUFTensor(name, shape, "F32", {"data": 1.0 + 0.1 * values})
+        else:
+            qtype = formats[1] if name == "token_embd.weight" else formats[0]
+            parts = {"data": values} if qtype == "F32" else quantized(values, qtype)
+            tensors[name] = GGUFTensor(name, shape, qtype, parts)
+    return LlamaModel(config, Weights.from_gguf(tensors, config), activations=activations)
+
+
+def test_a_model_with_int8_activations_stays_close_to_the_float_model():
+    ids = [3, 17, 42, 5, 88, 61, 9, 30]
+    exact, int8 = (small_model(a).logits(ids) for a in ("float", "int8"))
+    assert np.abs(int8 - exact).max() <= 0.05 * np.abs(exact).max()
+    assert (int8.argmax(-1) == exact.argmax(-1)).mean() >= 0.75
+    assert not np.array_equal(int8, exact)  # (it is another computation)
+
+
+def test_int8_activations_need_block_quantized_weights():
+    with pytest.raises(UnsupportedError, match="'blk.0.attn_q.weight' is stored as float"):
+        small_model("int8", formats=("F32", "Q8_0"))
+    with pytest.raises(ValueDomainError, match="activations"):
+        small_model("int4")
