@@ -43,29 +43,25 @@ extern float sinf(float) __attribute__((simd("notinbranch")));
 typedef float lm_vec __attribute__((vector_size({4 * cc.VECTOR_LANES})));  /* one SIMD register of floats */
 /* Integer block dot: products of 16 + 16 int8 pairs, a0.b0 + a1.b1, summed in pairs into 8 float
    lanes (exact integers). The bytes are widened to int16 (exact for any int8, where maddubs's
-   u8 x s8 would need one operand below 128) and multiplied-added pairwise (pmaddwd; VNNI's
-   vpdpwssd fuses the add). Each half is loaded as 16 bytes, as a staging loop stored it: a
+   u8 x s8 would need one operand below 128) and multiplied-added pairwise (pmaddwd; AVX-512 VNNI's
+   vpdpwssd would fuse the add: not used, no machine here has it to test). Each half is loaded as 16 bytes, as a staging loop stored it: a
    32-byte load of two 16-byte stores stalls on store-forwarding (Zen). */
 typedef float lm_v8 __attribute__((vector_size(32)));
 static const signed char lm_zero16[16];
 #ifdef __AVX2__
 #include <immintrin.h>
 #define LM_WIDE(p) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)))
-static inline lm_v8 lm_dot16x2(const signed char *a0, const signed char *b0, const signed char *a1, const signed char *b1) {{
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
-    const __m256i sum = _mm256_dpwssd_epi32(_mm256_madd_epi16(LM_WIDE(a0), LM_WIDE(b0)), LM_WIDE(a1), LM_WIDE(b1));
-#else
-    const __m256i sum = _mm256_add_epi32(_mm256_madd_epi16(LM_WIDE(a0), LM_WIDE(b0)), _mm256_madd_epi16(LM_WIDE(a1), LM_WIDE(b1)));
 #endif
-    return (lm_v8)_mm256_cvtepi32_ps(sum);
-}}
-#else
 static inline lm_v8 lm_dot16x2(const signed char *a0, const signed char *b0, const signed char *a1, const signed char *b1) {{
+#ifdef __AVX2__
+    return (lm_v8)_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(LM_WIDE(a0), LM_WIDE(b0)),
+                                                      _mm256_madd_epi16(LM_WIDE(a1), LM_WIDE(b1))));
+#else
     lm_v8 sum = {{0}};
     for (int l = 0; l < 16; l++) sum[l / 2] += (float)(a0[l] * b0[l] + a1[l] * b1[l]);
     return sum;
-}}
 #endif
+}}
 static inline float lm_bf16(unsigned short b) {{ union {{ uint32_t u; float f; }} v = {{ (uint32_t)b << 16 }}; return v.f; }}
 /* exp2 as inline arithmetic rather than libmvec's exp2f: that one takes a slow per-lane path for
    results outside the normal floats (masked attention scores below -126 made a causal softmax
@@ -197,8 +193,8 @@ class _Emitter:
     def reduce(self, e: Reduce) -> str:
         prim = PRIMITIVES[e.op]
         self.hoist(e.body, e.var.name)
-        if e.op == "sum_reduce" and not self.threaded_reduce and e not in self.stash and _block_dot(e, self):
-            return self.block_dot(e, _block_dot(e, self))
+        if e.op == "sum_reduce" and not self.threaded_reduce and e not in self.stash and (terms := _block_dot(e, self)):
+            return self.block_dot(e, terms)
         if e.op == "sum_reduce" and not self.threaded_reduce and _vector_leaves(e.body) and e not in self.stash:
             return self.sum_in_vector(_vector_leaves(e.body), e)
         acc = self.fresh("acc")
