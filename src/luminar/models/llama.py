@@ -781,7 +781,8 @@ class LlamaModel:
                  progress: Callable[[str], None] | None = None, activations: str = "float", **compile_options):
         """`activations` "int8" quantizes each linear layer's input rows to int8 per block of 32 and
         multiplies by integer dots (Weights.linear; faster decode, not exact: logits move by about
-        1e-2); the default "float" computes in float32."""
+        1e-2) in one-token steps, while prompts (more than one token) run a float32 program; the
+        default "float" computes everything in float32."""
         if activations not in ("float", "int8"):
             raise ValueDomainError(f"LlamaModel: activations must be 'float' or 'int8', got {activations!r}")
         self.config, self.tokenizer, self.backend = config, tokenizer, backend
@@ -792,6 +793,15 @@ class LlamaModel:
         weights.check_all_used()
         say(f"built the graph ({len(graph.nodes):,} nodes) in {time.perf_counter() - started:.1f} s; "
             f"compiling for {backend}...")
+        self.prefill_program = None  # (int8 activations: the float32 program that runs prompts)
+        if activations == "int8":
+            # A prompt stays float32: its tiled matmuls reuse each weight across the rows, which
+            # integer dots row by row do not (a 512-token prefill took 4x as long); the programs
+            # share the weights' arrays and the cache layout, so decode steps continue its cache.
+            weights.activations = "float"
+            prompts = build_graph(config, weights)
+            self._compile(prompts, {**weights.arrays, **rope_inputs(config, weights, prompts)}, say, dict(compile_options))
+            self.prefill_program = self.program
         self._compile(graph, {**weights.arrays, **rope_inputs(config, weights, graph)}, say, compile_options)
 
     @classmethod
@@ -801,7 +811,7 @@ class LlamaModel:
         """A model from a prefill/decode graph built before (an exported artifact's, see
         luminar.serve.artifact) and its fixed inputs by name (weights as stored, RoPE frequencies)."""
         model = cls.__new__(cls)
-        model.config, model.tokenizer, model.backend = config, tokenizer, backend
+        model.config, model.tokenizer, model.backend, model.prefill_program = config, tokenizer, backend, None
         model._compile(graph, arrays, progress or (lambda message: None), compile_options)
         return model
 
@@ -826,8 +836,8 @@ class LlamaModel:
         if cache.tokens + len(ids) > self.config.max_position_embeddings:
             raise ShapeError(f"sequence of {cache.tokens + len(ids)} tokens exceeds the model's context of "
                              f"{self.config.max_position_embeddings}")
-        out = self.program.run({"tokens": ids, **cache.inputs()},
-                               dims={"r": 1 if last_only else len(ids), **cache.dims()})
+        program = self.prefill_program if self.prefill_program is not None and len(ids) > 1 else self.program
+        out = program.run({"tokens": ids, **cache.inputs()}, dims={"r": 1 if last_only else len(ids), **cache.dims()})
         cache.append(out, len(ids))
         return out["logits"]
 

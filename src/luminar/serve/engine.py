@@ -210,8 +210,8 @@ class BatchingEngine:
             return
         c = self.config
         ids = np.asarray(request.prompt, np.int32)
-        out = self.model.program.run({"tokens": ids, "k_cache": self.empty_cache, "v_cache": self.empty_cache},
-                                     dims={"r": 1})
+        program = getattr(self.model, "prefill_program", None) or self.model.program  # (int8 activations: float prompts)
+        out = program.run({"tokens": ids, "k_cache": self.empty_cache, "v_cache": self.empty_cache}, dims={"r": 1})
         column, n = len(self.rows), len(ids)
         for layer in range(c.num_hidden_layers):
             self.k[1:1 + n, column, layer] = out[f"k{layer}"]
