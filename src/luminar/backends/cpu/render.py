@@ -41,24 +41,30 @@ PRELUDE = f"""\
 extern float exp2f(float) __attribute__((simd("notinbranch")));
 extern float sinf(float) __attribute__((simd("notinbranch")));
 typedef float lm_vec __attribute__((vector_size({4 * cc.VECTOR_LANES})));  /* one SIMD register of floats */
-/* Integer block dot: products of 16 + 16 int8 pairs, a0.b0 + a1.b1, summed in pairs into 8 float
-   lanes (exact integers). The bytes are widened to int16 (exact for any int8, where maddubs's
-   u8 x s8 would need one operand below 128) and multiplied-added pairwise (pmaddwd; AVX-512 VNNI's
-   vpdpwssd would fuse the add: not used, no machine here has it to test). Each half is loaded as 16 bytes, as a staging loop stored it: a
-   32-byte load of two 16-byte stores stalls on store-forwarding (Zen). */
+/* Integer block dot: products of 16 + 16 int8 pairs a0.b0 + a1.b1, summed in fours into 8 float
+   lanes (exact integers). An operand is 16 bytes in a vector (lm_b16), unpacked there (a nibble's
+   shift and mask on all lanes). AVX2: maddubs multiplies unsigned by signed bytes and adds pairs:
+   a >= 0 (a nibble) goes in as it is; a signed a goes in as |a|, b with a's sign, exact while
+   b > -128 (the renderer orders the operands so); a pair sum is at most 2 * 128 * 127 < 2^15.
+   llama.cpp's Q4 x Q8 form: a dot of int16-widened bytes (pmaddwd) on bytes staged through the
+   stack was 1.4x slower (Zen 3). */
 typedef float lm_v8 __attribute__((vector_size(32)));
-static const signed char lm_zero16[16];
+typedef unsigned char lm_b16 __attribute__((vector_size(16)));
+static inline lm_b16 lm_bytes16(const void *p) {{ lm_b16 v; __builtin_memcpy(&v, p, 16); return v; }}
 #ifdef __AVX2__
 #include <immintrin.h>
-#define LM_WIDE(p) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)))
 #endif
-static inline lm_v8 lm_dot16x2(const signed char *a0, const signed char *b0, const signed char *a1, const signed char *b1) {{
+static inline lm_v8 lm_dot16x2(lm_b16 a0, lm_b16 b0, lm_b16 a1, lm_b16 b1, int a_signed) {{
 #ifdef __AVX2__
-    return (lm_v8)_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(LM_WIDE(a0), LM_WIDE(b0)),
-                                                      _mm256_madd_epi16(LM_WIDE(a1), LM_WIDE(b1))));
+    __m256i a = _mm256_set_m128i((__m128i)a1, (__m128i)a0), b = _mm256_set_m128i((__m128i)b1, (__m128i)b0);
+    if (a_signed) {{ b = _mm256_sign_epi8(b, a); a = _mm256_sign_epi8(a, a); }}
+    return (lm_v8)_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
 #else
-    lm_v8 sum = {{0}};
-    for (int l = 0; l < 16; l++) sum[l / 2] += (float)(a0[l] * b0[l] + a1[l] * b1[l]);
+    lm_v8 sum = {{0}};  /* the same lanes; (an unsigned a is below 128: the same as a signed char) */
+    for (int j = 0; j < 16; j++) {{
+        sum[j / 4] += (float)((signed char)a0[j] * (signed char)b0[j]);
+        sum[4 + j / 4] += (float)((signed char)a1[j] * (signed char)b1[j]);
+    }}
     return sum;
 #endif
 }}
@@ -111,6 +117,7 @@ class _Emitter:
         self.lines: list[str] = []
         self.names: dict = dict(names or {})  # IR node -> its C name (or a Fixed), known on entry
         self.count = count or [0]  # shared with child emitters: names stay unique in the function
+        self.int_type = "int"  # what a Fixed is named as: lm_b16 where 16 bytes are unpacked at once (bytes16)
 
     def fresh(self, prefix="v") -> str:
         self.count[0] += 1
@@ -157,9 +164,11 @@ class _Emitter:
             found = _fixed(e, self)
             if found and not (-_EXACT < found.lo <= found.hi < _EXACT and 0 <= found.k < 64):
                 found = None
+            if found and self.int_type == "lm_b16" and found.hi > 255:  # (mod 256: exact for + and -, not for >>)
+                found = None
             if found and not found.code.isidentifier():
                 name = self.fresh("i")
-                self.lines.append(f"{self.indent}const int {name} = {found.code};")
+                self.lines.append(f"{self.indent}const {self.int_type} {name} = {found.code};")
                 found = found._replace(code=name)
             self.names[key] = found
         return self.names[key]
@@ -303,9 +312,7 @@ class _Emitter:
     def block_dot(self, e: Reduce, terms: list) -> str:
         """Sum over blocks of terms scale * (sum of int8 products over 16 or 32 elements): per block
         and term one lm_dot16x2 into 8 float lanes, times the scale, accumulated in the lanes (no
-        horizontal sum per block); other terms accumulate beside them. An int8 load at unit stride is
-        passed as a pointer; another operand (a nibble) is staged into a byte array by a vectorized
-        loop first (staging an int8 load too cost gcc a dead copy to the stack: Q5_0 0.4x -> 0.5x float)."""
+        horizontal sum per block); other terms accumulate beside them."""
         ind, lanes, acc = self.indent, self.fresh("dots"), self.fresh("acc")
         self.lines += [f"{ind}lm_v8 {lanes} = {{0}}; float {acc} = 0.0f;",
                        f"{ind}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; {e.var.name}++) {{"]
@@ -314,28 +321,33 @@ class _Emitter:
             if leaves is None:
                 body.lines.append(f"{body.indent}{acc} += {body.emit(scale)};")
                 continue
-            i, size, inner, halves = leaves[0].var.name, leaves[0].extent.value, body.child("    "), []
+            halves, a_signed = [], 0
             for leaf in leaves:
-                pair = []
-                for operand in leaf.body.args:
-                    buf = self.program.buffers[operand.buffer] if isinstance(operand, Load) else None
-                    if buf and buf.dtype == "int8" and operand.valid == sym(1) and stride(operand.index, leaf.var) == 1:
-                        pair.append(f"&b{buf.id}[{operand.index.substitute({i: sym(0)}).render_c()}]")
-                    else:  # (a fresh name per staged operand, assigned in the one loop below)
-                        pair.append(inner.fresh("bytes"))
-                        inner.lines.append(f"{inner.indent}{pair[-1]}[{i}] = {inner.fixed(operand).code};")
-                halves += [pair] if size == 16 else [pair, [f"{p} + 16" for p in pair]]
-            staged = [p for pair in halves for p in pair if p.isidentifier()]
-            body.count = inner.count
-            if staged:
-                body.lines += [f"{body.indent}signed char {', '.join(f'{p}[{size}]' for p in staged)};",
-                               f"{body.indent}#pragma omp simd", f"{body.indent}for (long long {i} = 0; {i} < {size}; {i}++) {{",
-                               *inner.lines, f"{body.indent}}}"]
-            a0, b0, a1, b1 = [p for pair in halves + [["lm_zero16"] * 2] * (len(halves) == 1) for p in pair]
-            body.lines.append(f"{body.indent}{lanes} += lm_dot16x2({a0}, {b0}, {a1}, {b1}) * {body.emit(scale)};")
+                pair, a_signed = _dot_operands(leaf.body.args, body.child(""))
+                halves += [[body.bytes16(x, leaf.var, offset) for x in pair] for offset in range(0, leaf.extent.value, 16)]
+            (a0, b0), (a1, b1) = halves + [["(lm_b16){0}"] * 2] * (len(halves) == 1)
+            body.lines.append(f"{body.indent}{lanes} += lm_dot16x2({a0}, {b0}, {a1}, {b1}, {a_signed}) * {body.emit(scale)};")
         self.lines += body.lines + [f"{ind}}}", f"{ind}for (int l = 0; l < 8; l++) {acc} += {lanes}[l];"]
-        self.count = body.count
         return acc
+
+    def bytes16(self, operand, var: Var, offset: int) -> str | None:
+        """16 lanes (`var` = offset, offset + 1, ...) of `operand`, an integer computed from one byte
+        load at unit stride along `var`, as an lm_b16 vector: the 16 bytes loaded, then the integer
+        ops that unpack them on all lanes in 8-bit arithmetic. None for another operand."""
+        found = set(loads(operand))
+        load = found.pop() if len(found) == 1 else None
+        if load is None or not _fixed(load, self) or stride(load.index, var) != 1:
+            return None
+        vector = self.child("")
+        vector.int_type, name = "lm_b16", vector.fresh("bytes")
+        start = load.index.substitute({var.name: sym(offset)}).render_c()
+        vector.lines.append(f"{vector.indent}const lm_b16 {name} = lm_bytes16(&b{self.program.buffers[load.buffer].id}[{start}]);")
+        vector.names[("fixed", load)] = _fixed(load, self)._replace(code=name)
+        value = vector.fixed(operand)
+        if value is None:
+            return None
+        self.lines += vector.lines
+        return value.code
 
     def gather(self, e: Gather) -> str:
         """The body evaluated once, at the integer the index holds (0.0 when it is not a valid index)."""
@@ -389,7 +401,9 @@ def _fixed(e, em: _Emitter) -> Fixed | None:
         dtype = em.program.buffers[e.buffer].dtype
         if dtype not in INT_RANGES or e.valid != sym(1):
             return None
-        return Fixed(f"(int)b{em.program.buffers[e.buffer].id}[{e.index.render_c()}]", 0, *INT_RANGES[dtype])
+        buf = em.program.buffers[e.buffer]
+        lo, hi = (-127, 127) if buf.kind == "temp" else INT_RANGES[dtype]  # (an int8 temp is int8_valued)
+        return Fixed(f"(int)b{buf.id}[{e.index.render_c()}]", 0, lo, hi)
     if not isinstance(e, Apply) or e.op not in ("mul", "add", "mod"):
         return None
     if e.op == "mod":  # x fmod 2^m, x = n / 2^k >= 0: n's low m + k bits
@@ -459,14 +473,26 @@ def _block_dot(e: Reduce, em: _Emitter) -> list[tuple[list, object]] | None:
         for dot, scale in ((term.args, term.args[::-1]) if isinstance(term, Apply) and term.op == "mul" else ()):
             leaves = _vector_leaves(dot)
             if leaves and (len(leaves), leaves[0].extent.value) in ((1, 16), (2, 16), (1, 32)) and all(
-                    isinstance(x.body, Apply) and x.body.op == "mul" and all(
-                        (f := scratch.fixed(a)) and f.k == 0 and -128 <= f.lo <= f.hi <= 127 for a in x.body.args)
-                    for x in leaves):
+                    isinstance(x.body, Apply) and x.body.op == "mul" and _dot_operands(x.body.args, scratch)
+                    and all(scratch.bytes16(a, x.var, 0) for a in x.body.args) for x in leaves) \
+                    and len({_dot_operands(x.body.args, scratch)[1] for x in leaves}) == 1:  # (one maddubs form)
                 found[-1] = (leaves, scale)
                 break
     rest = [term for leaves, term in found if leaves is None]
     return found if len(rest) < len(found) and not any(isinstance(n, (Reduce, Gather)) for t in rest for n in walk(t)) \
         else None
+
+
+def _dot_operands(pair, em: _Emitter) -> tuple[list, int] | None:
+    """The two factors of an integer block dot in lm_dot16x2's order, and whether the first may be
+    negative (1) -- when both are Fixed integers (k = 0) in [-128, 127] and maddubs computes their
+    product exactly: the first is >= 0, or the second is > -128. Else None."""
+    ranges = [em.fixed(a) for a in pair]
+    if not all(f and f.k == 0 and -128 <= f.lo <= f.hi <= 127 for f in ranges):
+        return None
+    # first a factor that is never negative, else one that may be -128
+    (a, fa), (b, fb) = sorted(zip(pair, ranges), key=lambda factor: (factor[1].lo < 0, factor[1].lo > -128))
+    return ([a, b], int(fa.lo < 0)) if fa.lo >= 0 or fb.lo > -128 else None
 
 
 def _power_of_two_mod(e: Apply, emitter: _Emitter) -> str | None:
