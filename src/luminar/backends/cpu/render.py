@@ -27,6 +27,13 @@ from .schedules import PARALLEL_MIN_WORK, Loops, Online, Schedule, Tiled, defaul
 
 C_TYPES = {"float32": "float", "float16": "_Float16", "bfloat16": "unsigned short", "int8": "signed char",
            "uint8": "unsigned char", "int32": "int"}
+# lm_dot16x2, the integer block dot: products of 16 + 16 int8 pairs a0.b0 + a1.b1, summed in fours
+# into 8 float lanes (exact integers). An operand is 16 bytes in a vector (lm_b16), unpacked there
+# (a nibble's shift and mask on all lanes). AVX2: maddubs multiplies unsigned by signed bytes and
+# adds pairs: a >= 0 (a nibble) goes in as it is; a signed a goes in as |a|, b with a's sign, exact
+# while b > -128 (_dot_operands orders the operands so); a pair sum is at most 2 * 128 * 127 < 2^15.
+# llama.cpp's Q4 x Q8 form: a dot of int16-widened bytes (pmaddwd) on bytes staged through the
+# stack was 1.4x slower (Zen 3).
 PRELUDE = f"""\
 #include <math.h>
 #include <stdint.h>
@@ -41,13 +48,7 @@ PRELUDE = f"""\
 extern float exp2f(float) __attribute__((simd("notinbranch")));
 extern float sinf(float) __attribute__((simd("notinbranch")));
 typedef float lm_vec __attribute__((vector_size({4 * cc.VECTOR_LANES})));  /* one SIMD register of floats */
-/* Integer block dot: products of 16 + 16 int8 pairs a0.b0 + a1.b1, summed in fours into 8 float
-   lanes (exact integers). An operand is 16 bytes in a vector (lm_b16), unpacked there (a nibble's
-   shift and mask on all lanes). AVX2: maddubs multiplies unsigned by signed bytes and adds pairs:
-   a >= 0 (a nibble) goes in as it is; a signed a goes in as |a|, b with a's sign, exact while
-   b > -128 (the renderer orders the operands so); a pair sum is at most 2 * 128 * 127 < 2^15.
-   llama.cpp's Q4 x Q8 form: a dot of int16-widened bytes (pmaddwd) on bytes staged through the
-   stack was 1.4x slower (Zen 3). */
+/* lm_dot16x2: an integer block dot (the comment above PRELUDE in luminar/backends/cpu/render.py) */
 typedef float lm_v8 __attribute__((vector_size(32)));
 typedef unsigned char lm_b16 __attribute__((vector_size(16)));
 static inline lm_b16 lm_bytes16(const void *p) {{ lm_b16 v; __builtin_memcpy(&v, p, 16); return v; }}
