@@ -61,11 +61,9 @@ static inline lm_v8 lm_dot16x2(lm_b16 a0, lm_b16 b0, lm_b16 a1, lm_b16 b1, int a
     if (a_signed) {{ b = _mm256_sign_epi8(b, a); a = _mm256_sign_epi8(a, a); }}
     return (lm_v8)_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
 #else
-    lm_v8 sum = {{0}};  /* the same lanes; (an unsigned a is below 128: the same as a signed char) */
-    for (int j = 0; j < 16; j++) {{
-        sum[j / 4] += (float)((signed char)a0[j] * (signed char)b0[j]);
-        sum[4 + j / 4] += (float)((signed char)a1[j] * (signed char)b1[j]);
-    }}
+    lm_v8 sum = {{0}};  /* the same lanes: byte j of a0 a1 times byte j of b0 b1 into lane j / 4 */
+    for (int j = 0; j < 32; j++)  /* (an unsigned a is below 128: the same as a signed char) */
+        sum[j / 4] += (float)(j < 16 ? (signed char)a0[j] * (signed char)b0[j] : (signed char)a1[j - 16] * (signed char)b1[j - 16]);
     return sum;
 #endif
 }}
@@ -163,9 +161,9 @@ class _Emitter:
         key = ("fixed", e)
         if key not in self.names:
             found = _fixed(e, self)
-            if found and not (-_EXACT < found.lo <= found.hi < _EXACT and 0 <= found.k < 64):
-                found = None
-            if found and self.int_type == "lm_b16" and found.hi > 255:  # (mod 256: exact for + and -, not for >>)
+            # (an lm_b16 vector computes mod 256: exact for + and -, not for >> of a value above 255)
+            if found and not (-_EXACT < found.lo <= found.hi < (_EXACT if self.int_type == "int" else 256)
+                              and 0 <= found.k < 64):
                 found = None
             if found and not found.code.isidentifier():
                 name = self.fresh("i")
@@ -318,14 +316,13 @@ class _Emitter:
         self.lines += [f"{ind}lm_v8 {lanes} = {{0}}; float {acc} = 0.0f;",
                        f"{ind}for (long long {e.var.name} = 0; {e.var.name} < {e.extent.render_c()}; {e.var.name}++) {{"]
         body = self.child("    ")
-        for leaves, scale in terms:
-            if leaves is None:
+        for scale, dot in terms:
+            if dot is None:
                 body.lines.append(f"{body.indent}{acc} += {body.emit(scale)};")
                 continue
-            halves, a_signed = [], 0
-            for leaf in leaves:
-                pair, a_signed = _dot_operands(leaf.body.args, body.child(""))
-                halves += [[body.bytes16(x, leaf.var, offset) for x in pair] for offset in range(0, leaf.extent.value, 16)]
+            leaves, pairs, a_signed = dot
+            halves = [[body.bytes16(factor, leaf.var, offset) for factor in pair]
+                      for leaf, pair in zip(leaves, pairs) for offset in range(0, leaf.extent.value, 16)]
             (a0, b0), (a1, b1) = halves + [["(lm_b16){0}"] * 2] * (len(halves) == 1)
             body.lines.append(f"{body.indent}{lanes} += lm_dot16x2({a0}, {b0}, {a1}, {b1}, {a_signed}) * {body.emit(scale)};")
         self.lines += body.lines + [f"{ind}}}", f"{ind}for (int l = 0; l < 8; l++) {acc} += {lanes}[l];"]
@@ -345,10 +342,8 @@ class _Emitter:
         vector.lines.append(f"{vector.indent}const lm_b16 {name} = lm_bytes16(&b{self.program.buffers[load.buffer].id}[{start}]);")
         vector.names[("fixed", load)] = _fixed(load, self)._replace(code=name)
         value = vector.fixed(operand)
-        if value is None:
-            return None
-        self.lines += vector.lines
-        return value.code
+        self.lines += vector.lines if value else []
+        return value.code if value else None
 
     def gather(self, e: Gather) -> str:
         """The body evaluated once, at the integer the index holds (0.0 when it is not a valid index)."""
@@ -399,11 +394,10 @@ class Fixed(NamedTuple):
 def _fixed(e, em: _Emitter) -> Fixed | None:
     """The rules of _Emitter.fixed, before naming."""
     if isinstance(e, Load):
-        dtype = em.program.buffers[e.buffer].dtype
-        if dtype not in INT_RANGES or e.valid != sym(1):
-            return None
         buf = em.program.buffers[e.buffer]
-        lo, hi = (-127, 127) if buf.kind == "temp" else INT_RANGES[dtype]  # (an int8 temp is int8_valued)
+        if buf.dtype not in INT_RANGES or e.valid != sym(1):
+            return None
+        lo, hi = (-127, 127) if buf.kind == "temp" else INT_RANGES[buf.dtype]  # (an int8 temp is int8_valued)
         return Fixed(f"(int)b{buf.id}[{e.index.render_c()}]", 0, lo, hi)
     if not isinstance(e, Apply) or e.op not in ("mul", "add", "mod"):
         return None
@@ -442,46 +436,51 @@ def _floor_of(e: Apply):
     return None
 
 
+def _summands(e) -> list:
+    """The parts of a sum spelled as nested adds (an unrolled sum_reduce of two is an Apply)."""
+    if isinstance(e, Apply) and e.op in ("add", "sum_reduce"):
+        return [part for arg in e.args for part in _summands(arg)]
+    return [e]
+
+
 def _vector_leaves(body) -> list | None:
     """The sum reductions `body` adds up when all run over one variable with one constant extent
     of 8..64 and hold no reduction or gather themselves (what _Emitter.sum_in_vector renders), else None."""
-    if isinstance(body, Apply) and body.op in ("add", "sum_reduce"):  # (an unrolled sum: sum_reduce of two)
-        parts = [_vector_leaves(a) for a in body.args]
-        leaves = None if None in parts else parts[0] + parts[1]
-    elif isinstance(body, Reduce) and body.op == "sum_reduce" and body.extent.is_const \
-            and not any(isinstance(n, (Reduce, Gather)) for n in walk(body.body)):
-        leaves = [body]
-    else:
-        return None
-    if leaves and all(x.var.name == leaves[0].var.name and x.extent.value == leaves[0].extent.value for x in leaves) \
-            and 8 <= leaves[0].extent.value <= 64:
+    leaves = _summands(body)
+    if all(isinstance(x, Reduce) and x.op == "sum_reduce" and x.var.name == leaves[0].var.name and x.extent.is_const
+           and x.extent == leaves[0].extent and not any(isinstance(n, (Reduce, Gather)) for n in walk(x.body))
+           for x in leaves) and 8 <= leaves[0].extent.value <= 64:
         return leaves
     return None
 
 
-def _block_dot(e: Reduce, em: _Emitter) -> list[tuple[list, object]] | None:
-    """[(leaves, scale)] when `e` sums over blocks a sum of terms `scale * (sum of leaves)`, the
-    leaves 1 or 2 sums of 16 (or one of 32) products of two int8-ranged integers (Fixed, k = 0):
-    what _Emitter.block_dot renders as integer dots; else None."""
-    terms, scratch = [e.body], em.child("")  # (the checks' named values are dropped)
-    def sum_of(t) -> bool:  # (an unrolled split of the block axis: a sum_reduce of two)
-        return isinstance(t, Apply) and t.op in ("add", "sum_reduce")
-    while any(map(sum_of, terms)):  # one term per part
-        terms = [part for t in terms for part in (t.args if sum_of(t) else [t])]
-    found = []
-    for term in terms:
-        found.append((None, term))  # (a term that is no integer dot: a Q4_1 block's minimum times sum(q))
+def _block_dot(e: Reduce, em: _Emitter) -> list[tuple[object, tuple | None]] | None:
+    """[(scale, dot)] when `e` sums over blocks a sum of terms `scale * dot`, dot (leaves, ordered
+    factor pairs, a_signed) per _integer_dot, or None for a term that is no integer dot (at least
+    one is): what _Emitter.block_dot renders; else None."""
+    found, scratch = [], em.child("")  # (the checks' named values are dropped)
+    for term in _summands(e.body):
+        found.append((term, None))  # (a term that is no integer dot: a Q4_1 block's minimum times sum(q))
         for dot, scale in ((term.args, term.args[::-1]) if isinstance(term, Apply) and term.op == "mul" else ()):
             leaves = _vector_leaves(dot)
-            if leaves and (len(leaves), leaves[0].extent.value) in ((1, 16), (2, 16), (1, 32)) and all(
-                    isinstance(x.body, Apply) and x.body.op == "mul" and _dot_operands(x.body.args, scratch)
-                    and all(scratch.bytes16(a, x.var, 0) for a in x.body.args) for x in leaves) \
-                    and len({_dot_operands(x.body.args, scratch)[1] for x in leaves}) == 1:  # (one maddubs form)
-                found[-1] = (leaves, scale)
+            form = leaves and _integer_dot(leaves, scratch)
+            if form:
+                found[-1] = (scale, (leaves, *form))
                 break
-    rest = [term for leaves, term in found if leaves is None]
+    rest = [term for term, dot in found if dot is None]
     return found if len(rest) < len(found) and not any(isinstance(n, (Reduce, Gather)) for t in rest for n in walk(t)) \
         else None
+
+
+def _integer_dot(leaves: list, em: _Emitter) -> tuple[list, int] | None:
+    """(factor pairs in lm_dot16x2's order, a_signed) when `leaves` are 1 or 2 sums of 16 (or one of
+    32) products of two int8-ranged integers (_dot_operands) that bytes16 renders, in one maddubs
+    form; else None."""
+    forms = [_dot_operands(x.body.args, em) if isinstance(x.body, Apply) and x.body.op == "mul" else None for x in leaves]
+    if (len(leaves), leaves[0].extent.value) not in ((1, 16), (2, 16), (1, 32)) or None in forms \
+            or len({signed for _, signed in forms}) != 1 or not all(em.bytes16(factor, x.var, 0) for x, (pair, _) in zip(leaves, forms) for factor in pair):
+        return None
+    return [pair for pair, _ in forms], forms[0][1]
 
 
 def _dot_operands(pair, em: _Emitter) -> tuple[list, int] | None:
