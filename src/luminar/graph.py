@@ -163,10 +163,11 @@ class Graph:
             raise ShapeError("the graph has no outputs: mark tensors with .output(name) before compiling")
         from .compiler.passes import optimize
         program = get_backend(backend)
-        accepted = set(inspect.signature(program.__init__).parameters) - {"self", "graph"}
-        unknown = sorted(set(options) - {"passes"} - accepted)
-        if unknown:  # (every backend's Program names its options; none takes **kwargs)
-            raise UnsupportedError(f"{backend} backend: unknown options {unknown}; known: {sorted(accepted) + ['passes']}")
+        accepted = inspect.signature(program.__init__).parameters
+        unknown = sorted(set(options) - {"passes"} - set(accepted))
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+            raise UnsupportedError(f"{backend} backend: unknown options {unknown}; known: "
+                                   f"{sorted(set(accepted) - {'self', 'graph'}) + ['passes']}")
         return program(optimize(self, **{k: options.pop(k) for k in ("passes",) if k in options}), **options)
 
     def dims(self) -> set[str]:
