@@ -382,12 +382,11 @@ def int8_linear(x: GraphTensor, w: QuantizedWeight, quantized: tuple | None = No
                          f"match and be a multiple of 32")
     q, d = quantized or quantize_activations(x)
     lead = x.dims[:-1]
+    scale = w.parts["scale"]
     if w.qtype == "Q8_0":
         weights, size = w.parts["quants"], w.parts["quants"].dims[-1]  # blocks of 32 (16 for a repacked Q6_K)
-        scale = w.parts["scale"]
     else:
         weights, size = _nibbles_graph(w.parts["quants"]), 32
-        scale = w.parts["scale"]
     blocks = k // size
     q = q.reshape(*lead, 1, blocks, size)
     d_per = d.unsqueeze(-1).expand(*lead, k // 32, 32 // size).reshape(*lead, 1, blocks)

@@ -796,7 +796,7 @@ class LlamaModel:
         self.prefill_program = None  # (int8 activations: the float32 program that runs prompts)
         if activations == "int8":
             # A prompt stays float32: its tiled matmuls reuse each weight across the rows, which
-            # integer dots row by row do not (a 512-token prefill took 4x as long); the programs
+            # integer dots row by row do not (a 512-token prefill took several times as long); the programs
             # share the weights' arrays and the cache layout, so decode steps continue its cache.
             weights.activations = "float"
             prompts = build_graph(config, weights)
