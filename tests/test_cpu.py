@@ -67,6 +67,33 @@ def test_tiled_matmul_edges(n, k, m):
     np.testing.assert_allclose(g.compile("cpu")(a=a, b=b)["c"], a @ b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [48, 53])  # whole register tiles only, and edge tiles too
+def test_a_tiled_matmuls_epilogue_is_applied_in_whole_and_edge_tiles(rows):
+    """The epilogue (here a SiLU gate and a causal position mask, as in a transformer's prefill)
+    runs in the tiles wholly inside the output, written without bounds tests, and in the edge
+    tiles that are; both agree with numpy."""
+    g = lm.Graph()
+    a, b, gate = g.tensor("a", ("s", 40)), g.tensor("b", (40, 37)), g.tensor("gate", ("s", 37))
+    later = g.arange("s").unsqueeze(-1) < g.arange(37).unsqueeze(0)  # (column after the row)
+    ((a @ b) * (gate * gate.sigmoid()) * (1.0 - later) + later * -1e30).output("y")
+    A, B, G = rand(rows, 40), rand(40, 37, seed=1), rand(rows, 37, seed=2)
+    got = g.compile("cpu")(a=A, b=B, gate=G)["y"]
+    mask = np.arange(rows)[:, None] < np.arange(37)[None, :]
+    expected = np.where(mask, -1e30, (A @ B) * (G / (1 + np.exp(-G))))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_index_values_are_the_nearest_floats_far_beyond_int32():
+    """An index used as a value (an arange, a position) converts as (float) of the 64-bit integer
+    would, also where it does not fit 32 bits and for negative values."""
+    g = lm.Graph()
+    g.arange(-2**40 + 5, 2**40, 2**33 + 12345).output("big")
+    g.arange(2**24 - 70, 2**31 + 10**9, 7777777).output("near")
+    got = g.compile("cpu")()
+    np.testing.assert_array_equal(got["big"], np.arange(-2**40 + 5, 2**40, 2**33 + 12345).astype(np.float32))
+    np.testing.assert_array_equal(got["near"], np.arange(2**24 - 70, 2**31 + 10**9, 7777777).astype(np.float32))
+
+
 def test_symbolic_dims_need_no_recompile(fresh_cache):
     g = lm.Graph()
     x, w = g.tensor("x", ("s", 32)), g.tensor("w", (32, 8))
