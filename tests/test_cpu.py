@@ -67,18 +67,19 @@ def test_tiled_matmul_edges(n, k, m):
     np.testing.assert_allclose(g.compile("cpu")(a=a, b=b)["c"], a @ b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [48, 53])  # whole register tiles only, and edge tiles too
-def test_a_tiled_matmuls_epilogue_is_applied_in_whole_and_edge_tiles(rows):
+# 48 x 48: whole 6 x 16 register tiles only; 53 x 37: edge tiles in both directions too
+@pytest.mark.parametrize("rows,cols", [(48, 48), (53, 37)])
+def test_a_tiled_matmuls_epilogue_is_applied_in_whole_and_edge_tiles(rows, cols):
     """The epilogue (here a SiLU gate and a causal position mask, as in a transformer's prefill)
     runs in the tiles wholly inside the output, written without bounds tests, and in the edge
     tiles that are; both agree with numpy."""
     g = lm.Graph()
-    a, b, gate = g.tensor("a", ("s", 40)), g.tensor("b", (40, 37)), g.tensor("gate", ("s", 37))
-    later = g.arange("s").unsqueeze(-1) < g.arange(37).unsqueeze(0)  # (column after the row)
+    a, b, gate = g.tensor("a", ("s", 40)), g.tensor("b", (40, cols)), g.tensor("gate", ("s", cols))
+    later = g.arange("s").unsqueeze(-1) < g.arange(cols).unsqueeze(0)  # (column after the row)
     ((a @ b) * (gate * gate.sigmoid()) * (1.0 - later) + later * -1e30).output("y")
-    A, B, G = rand(rows, 40), rand(40, 37, seed=1), rand(rows, 37, seed=2)
+    A, B, G = rand(rows, 40), rand(40, cols, seed=1), rand(rows, cols, seed=2)
     got = g.compile("cpu")(a=A, b=B, gate=G)["y"]
-    mask = np.arange(rows)[:, None] < np.arange(37)[None, :]
+    mask = np.arange(rows)[:, None] < np.arange(cols)[None, :]
     expected = np.where(mask, -1e30, (A @ B) * (G / (1 + np.exp(-G))))
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
