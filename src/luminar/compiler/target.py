@@ -43,9 +43,9 @@ def time_interleaved(run, which: list[int], budget_s: float, sample_s: float = 0
     """Median seconds per call of each candidate in `which`, measured in interleaved rounds (one
     sample of each per round, so a burst of outside load hits all alike): `run(k, reps)` calls
     candidate k `reps` times and returns once they are done; a sample repeats the call until it
-    lasts about `sample_s`. After each round candidates slower than 1.5x the best so far drop out;
-    rounds stop when the budget is spent (at least 3 rounds for the leaders). A target's bench
-    times with this after validating (its warm-up)."""
+    lasts about `sample_s`. From the third round on, candidates slower than 1.5x the best so far
+    drop out (so every median rests on at least 3 samples, and one burst cannot drop the winner);
+    rounds stop when the budget is spent. A target's bench times with this after validating."""
     samples, reps = {k: [] for k in which}, dict.fromkeys(which, 1)
     alive, deadline = list(which), time.perf_counter() + budget_s
     for round_ in range(25 if which else 0):
@@ -56,9 +56,10 @@ def time_interleaved(run, which: list[int], budget_s: float, sample_s: float = 0
             samples[k].append(seconds)
             reps[k] = max(1, min(1000, int(sample_s / max(seconds, 1e-7))))
         best = min(statistics.median(samples[k]) for k in alive)
-        alive = [k for k in alive if statistics.median(samples[k]) <= 1.5 * best]
-        if round_ >= 2 and time.perf_counter() > deadline:
-            break
+        if round_ >= 2:
+            alive = [k for k in alive if statistics.median(samples[k]) <= 1.5 * best]
+            if time.perf_counter() > deadline:
+                break
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
