@@ -55,8 +55,8 @@ def time_interleaved(run, which: list[int], budget_s: float, sample_s: float = 0
             seconds = (time.perf_counter() - start) / reps[k]
             samples[k].append(seconds)
             reps[k] = max(1, min(1000, int(sample_s / max(seconds, 1e-7))))
-        best = min(statistics.median(samples[k]) for k in alive)
         if round_ >= 2:
+            best = min(statistics.median(samples[k]) for k in alive)
             alive = [k for k in alive if statistics.median(samples[k]) <= 1.5 * best]
             if time.perf_counter() > deadline:
                 break
