@@ -1,5 +1,6 @@
 """Fusion across reductions: row values (a norm's mean, a softmax's max and sum) computed once per
-row inside the kernel that uses them, and the search's fuse / un-fuse choice for attention.
+row inside the kernel that uses them, and the fusion of attention into one online-softmax kernel:
+by the CPU's rule without search, by measurement with it.
 
 (Every op is also checked against PyTorch on this backend through the `backend` fixture of the
 other test files; these tests pin down how many kernels the fused forms take and that results
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 import luminar as lm
-from luminar.compiler.kernels import Reduce, depends_on, lower, walk
+from luminar.backends.cpu.target import CPUTarget
+from luminar.compiler.kernels import Apply, Reduce, depends_on, lower, walk
 from luminar.compiler.passes import optimize
 from conftest import rand
 
@@ -127,6 +129,24 @@ def test_norm_feeding_a_linear_layer_is_computed_once_per_row():
         xa = rand(s, 64, seed=s)
         normed = xa / np.sqrt((xa * xa).mean(-1, keepdims=True) + np.finfo(np.float32).eps) * ga
         np.testing.assert_allclose(model(x=xa, g=ga, w=wa)["y"], normed @ wa.T, rtol=1e-4, atol=1e-4)
+
+
+def test_a_sine_broadcast_to_several_consumers_is_computed_once():
+    """RoPE's sin(position x frequency) table, read by every layer's q and k along a stride-0 last
+    axis: stored once. (It was recomputed for each element of each consumer: without a reduction
+    a row broadcast is no row value, and a prefill's k RoPE spent its time in sinf.)"""
+    g = lm.Graph()
+    angles, x, y = g.tensor("a", (8, 32)), g.tensor("x", (8, 3, 32, 2)), g.tensor("y", (8, 9, 32, 2))
+    rotation = angles.sin().reshape(8, 1, 32, 1) * g.arange(-1, 3, 2)  # (8, 1, 32, 2)
+    (x * rotation).output("u")
+    (y * rotation).output("w")
+    with_sin = [k for k in kernels_of(g) if any(isinstance(n, Apply) and n.op == "sin" for n in walk(k.value))]
+    assert [tuple(map(str, k.shape)) for k in with_sin] == [("8", "1", "32", "2")]
+    arrays = {"a": rand(8, 32, seed=1), "x": rand(8, 3, 32, 2, seed=2), "y": rand(8, 9, 32, 2, seed=3)}
+    table = np.sin(arrays["a"]).reshape(8, 1, 32, 1) * np.array([-1, 1], np.float32)
+    out = g.compile("cpu")(**arrays)
+    np.testing.assert_allclose(out["u"], arrays["x"] * table, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out["w"], arrays["y"] * table, rtol=1e-6, atol=1e-6)
 
 
 def test_output_arrays_the_caller_keeps_are_never_overwritten():
@@ -245,13 +265,40 @@ def test_fused_attention_matches_torch_sdpa_with_a_symbolic_length(fuse):
         np.testing.assert_allclose(program(**arrays)["o"], want.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_fused_attention_never_stores_the_scores(fuse):
-    """The arena proves it: unfused, two heads x 256 x 256 score buffers; fused, no temporaries."""
+def test_fused_attention_never_stores_the_scores(fuse, monkeypatch):
+    """The arena proves it: unfused (a target without the fusion rule), two heads x 256 x 256
+    score buffers; fused (by the CPU's rule, or searched), no temporaries."""
     fuse(True)
     g = attention_graph(heads=2, rows=256, keys=256)
-    unfused, fused = g.compile("cpu"), g.compile("cpu", search=True)
-    assert unfused.memory_plan({}).arena_bytes >= 2 * 256 * 256 * 4
-    assert fused.memory_plan({}).arena_bytes == 0
+    by_rule, searched = g.compile("cpu"), g.compile("cpu", search=True)
+    monkeypatch.setattr(CPUTarget, "default_fusion", lambda self, kernel, forms: None)
+    unfused = g.compile("cpu")
+    assert len(unfused.kernels.kernels) == 3 and unfused.memory_plan({}).arena_bytes >= 2 * 256 * 256 * 4
+    assert by_rule.memory_plan({}).arena_bytes == searched.memory_plan({}).arena_bytes == 0
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_without_search_the_cpu_fuses_attention_into_one_online_kernel(case):
+    """The CPU target's rule (CPUTarget.default_fusion): every softmax region that reaches the
+    online form takes it, unmeasured; "one row" and "three rows" run the decode-step path (dots
+    and values read straight from the keys and values)."""
+    g, arrays = attention_graph(**CASES[case]), attention_inputs(**CASES[case])
+    program = g.compile("cpu")
+    [(name, [choice])] = program.choices.items()  # (an input mask has a kernel of its own before it)
+    assert program.fusions == [] and name == program.kernels.kernels[-1].name
+    assert (choice.schedule.kind, choice.source) == ("online", "fused")
+    assert "online softmax" in program.explain() and "[fused]" in program.explain()
+    want = g.compile("reference")(**arrays)["o"]
+    np.testing.assert_allclose(program(**arrays)["o"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_without_search_a_norm_region_keeps_the_default_lowering():
+    """Only softmax regions are tried by rule: a norm feeding a matmul lowers as without fusion."""
+    g = lm.Graph()
+    x, w = g.tensor("x", ("s", 64)), g.tensor("w", (300, 64))
+    lm.linear(lm.rms_norm(x, (64,)), w).output("y")
+    program = g.compile("cpu")
+    assert program.choices == {} and len(program.kernels.kernels) == len(kernels_of(g)) == 2
 
 
 def test_nan_in_a_query_poisons_only_its_row(fuse):

@@ -15,7 +15,8 @@ M_i and L_i need passes over the scores before the weighted sum. The recurrence
 gives M_i = m, L_i = l and the sum = acc after ONE pass over blocks of keys, so the scores are
 never stored. `online_plan` recognizes that form in a kernel (the backend renders it tiled:
 backends/cpu/online.py); `fusion_regions` proposes which realized nodes to inline to get it, and the
-search keeps the fused program only if it measures faster (compiler/search.py).
+search keeps the fused program only if it measures faster (compiler/search.py); without search,
+the target's rule decides (the CPU fuses every region that reaches the online form).
 """
 from __future__ import annotations
 

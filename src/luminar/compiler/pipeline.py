@@ -38,12 +38,13 @@ def compile_graph(graph, target: Target, search=None, search_dims=None, seed: in
     on), True (a default time budget) or seconds; `search_dims` {dim: value or [values]} the shape
     buckets searched (default 128 each); `seed` for the candidates sampled. See search.py."""
     lowering = Lowering(graph)
-    kernels = lowering.run()
-    opts = search_module.options(search, search_dims, seed, dims=kernels.dims)
+    opts = search_module.options(search, search_dims, seed, dims=sorted(graph.dims()))
     fusions, choices = [], {}
     if opts:
-        kernels, fusions, fixed = search_module.search_fusion(target, lowering, kernels, opts)
+        kernels, fusions, fixed = search_module.search_fusion(target, lowering, lowering.run(), opts)
         choices = search_module.search_program(target, kernels, opts, fixed)
+    else:  # rules only: the fusion regions the target fuses unmeasured (Target.default_fusion)
+        kernels, choices = search_module.default_fusion(target, lowering)
     started = time.perf_counter()
     built = target.build(kernels, {name: [c.schedule for c in per] for name, per in choices.items()})
     return Compiled(target, kernels, lifetimes(kernels), built, time.perf_counter() - started, opts, choices, fusions)

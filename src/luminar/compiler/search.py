@@ -1,7 +1,8 @@
 """Search: pick each kernel's schedule by rewriting its loop nest in an e-graph and timing candidates.
 
 The kernel IR says what a kernel computes; a schedule (the target's type) says how its loops
-run. Without search every kernel gets its target's default schedule. With search, for a target
+run. Without search every kernel gets its target's default schedule (fused kernels: the one its
+rule gives, see default_fusion). With search, for a target
 (compiler/target.py) and each shape bucket the program will meet:
 
 1. Kernels are deduplicated by their canonical form (kernels.canonical_form without load
@@ -35,6 +36,8 @@ inlined, where inlining is legal), un-fuse (inlined -> stored) and the online-so
 target proposes schedules for each fused form; the fused kernel is validated against the unfused
 kernels run on the same random inputs, and kept only if it beats the kernels it replaces as they
 would run: each with its searched schedule (searched first, and cached for the schedule search).
+Without search the same forms are reached, and the target decides by rule (default_fusion,
+Target.default_fusion): the CPU takes the online form wherever a softmax region reaches it.
 
 The candidate set is a pure function of the kernel, the bucket and the seed; which candidate
 wins depends on measurements, and is then cached, so later compiles are deterministic and fast.
@@ -349,7 +352,7 @@ class Choice:
     """The schedule picked for a kernel (and every kernel with its structure) in one bucket, and why."""
     schedule: object  # the target's schedule
     source: str  # "default" | "searched" | "cached" | "small" (not worth searching) | "budget" (time ran out)
-    #              | "fused" (an online kernel, by search_fusion) | "error (...)" (candidates failed to build)
+    #              | "fused" (an online kernel, by search_fusion or default_fusion) | "error (...)" (candidates failed to build)
     candidates: list = field(default_factory=list)  # [description, median seconds or None (failed), is default]
     failures: int = 0  # candidates whose output did not match the oracle's
     nest: tuple = ()
@@ -493,21 +496,17 @@ def fusion_forms(facts: dict[int, set]) -> dict[int, list[str]]:
             for node, read in reads.items()}
 
 
-def search_fusion(target: Target, lowering, program: KernelProgram, opts: SearchOptions):
-    """(program, fusions, schedules): the program lowered with every fusion region (compiler/online.py)
-    whose fastest fused form beat the kernels it replaces, timed in the largest shape bucket (a
-    fused kernel failing validation never wins), and the chosen schedule by kernel fingerprint.
-    Decisions are cached like schedules."""
+def _fusion_sites(lowering, regions: list, program: KernelProgram | None = None):
+    """(the lowering with all of `regions` (compiler/online.fusion_regions) inlined, its consumers:
+    region node -> (the fused kernel, the kernels of `program` -- the default lowering -- it
+    replaces, the region), the forms each region reached, every region's nodes)."""
     from .kernels import Lowering
-    from .online import absorbed_by, fusion_regions, online_plan
-    regions = fusion_regions(lowering)
-    if not regions:
-        return program, [], {}
+    from .online import absorbed_by, online_plan
     everything = frozenset().union(*(r for _, r in regions))
     trial = Lowering(lowering.graph, everything)
     fused = trial.run()
-    by_out, default_by_out = {k.out: k for k in fused.kernels}, {k.out: k for k in program.kernels}
-    consumers = {}  # region's node -> (the fused kernel, the default kernels it replaces, the region)
+    by_out, default_by_out = {k.out: k for k in fused.kernels}, {k.out: k for k in program.kernels} if program else {}
+    consumers = {}
     for p, region in regions:
         target_node = absorbed_by(trial, p)
         kernel = by_out.get(trial.buffer_of.get(target_node))
@@ -516,6 +515,27 @@ def search_fusion(target: Target, lowering, program: KernelProgram, opts: Search
                                     if lowering.buffer_of.get(n) in default_by_out], region
     forms = fusion_forms({p: {"fusable", "online_form"} if online_plan(k) is not None else {"fusable"}
                           for p, (k, _, _) in consumers.items()})
+    return fused, consumers, forms, everything
+
+
+def _lowered_with(lowering, fused: KernelProgram, chosen: set, everything) -> KernelProgram:
+    """The program with the `chosen` regions fused (`fused`: with all of `everything`)."""
+    from .kernels import Lowering
+    if chosen == everything:
+        return fused
+    return Lowering(lowering.graph, frozenset(chosen)).run() if chosen else lowering.run()
+
+
+def search_fusion(target: Target, lowering, program: KernelProgram, opts: SearchOptions):
+    """(program, fusions, schedules): the program lowered with every fusion region (compiler/online.py)
+    whose fastest fused form beat the kernels it replaces, timed in the largest shape bucket (a
+    fused kernel failing validation never wins), and the chosen schedule by kernel fingerprint.
+    Decisions are cached like schedules."""
+    from .online import fusion_regions
+    regions = fusion_regions(lowering)
+    if not regions:
+        return program, [], {}
+    fused, consumers, forms, everything = _fusion_sites(lowering, regions, program)
     chosen, fusions, decided, schedules = set(), [], {}, {}
     for p, (kernel, replaced, region) in consumers.items():  # (in the order of `regions`)
         fp = fingerprint(fused, kernel)
@@ -528,9 +548,32 @@ def search_fusion(target: Target, lowering, program: KernelProgram, opts: Search
         if decision.chosen:
             chosen |= region
             schedules[fp] = decision.schedule
-    if chosen and chosen != everything:
-        return Lowering(lowering.graph, frozenset(chosen)).run(), fusions, schedules
-    return (fused if chosen else program), fusions, schedules
+    return (_lowered_with(lowering, fused, chosen, everything) if chosen else program), fusions, schedules
+
+
+def default_fusion(target: Target, lowering):
+    """Without search: (the graph lowered with the fusion regions the target fuses by rule --
+    Target.default_fusion --, the fused kernels' Choices by name, as search_program gives). Only
+    regions holding a max (softmax) are tried: the online form needs one; the default lowering
+    runs only when some region stays unfused."""
+    from .online import fusion_regions
+    ops = {n.id: n.op for n in lowering.graph.nodes}
+    regions = [(p, r) for p, r in fusion_regions(lowering) if any(ops[n] == "max_reduce" for n in r)]
+    if not regions:
+        return lowering.run(), {}
+    fused, consumers, forms, everything = _fusion_sites(lowering, regions)
+    chosen, picked = set(), []  # [(fused kernel, its schedule)]
+    for p, (kernel, _, region) in consumers.items():
+        schedule = target.default_fusion(kernel, forms[p])
+        if schedule is not None:
+            chosen |= region
+            picked.append((kernel, schedule))
+    program = _lowered_with(lowering, fused, chosen, everything)
+    if program is fused:
+        return program, {kernel.name: [Choice(schedule, "fused")] for kernel, schedule in picked}
+    by_fingerprint = {fingerprint(fused, kernel): schedule for kernel, schedule in picked}  # (relowered: new names)
+    return program, {k.name: [Choice(by_fingerprint[fp], "fused")] for k in program.kernels
+                     if (fp := fingerprint(program, k)) in by_fingerprint}
 
 
 def _time_fusion(target, program, replaced, fused, kernel, forms, opts, key) -> Fusion:

@@ -101,6 +101,10 @@ class Target:
         """Schedules to time for a fused kernel whose region reached `forms` ("inlined", "online"),
         and [description, None, why] rows for forms not worth timing."""
 
+    def default_fusion(self, kernel, forms: list[str]):
+        """Without search: the schedule of the fused kernel a region that reached `forms` takes
+        by rule, or None (the default, the stored form: its kernels stay)."""
+
     # -- measuring and building
     def bench(self, program, kernel, schedules: list, env: dict, seed: int):
         """The schedules of one kernel built for these dims, on random inputs drawn with `seed`: an

@@ -94,7 +94,7 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     lines, key = emit(plan.key, "              ")
     out += lines + [f"              lm_dot += lm_qp[lm_ii][{k}] * {key};", "            }",
                     "            lm_s[lm_ii][lm_jj] = lm_dot;", "          }",
-                    f"          for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
+                    f"          for (long long {d.name} = 0; {d.name} < {D} && lm_nr >= 4; {d.name}++) {{"]
     lines, value = emit(plan.value, "            ")
     out += lines + [f"            lm_vp[lm_jj][{d.name}] = {value};", "          }", "        }",
                     "        if (!lm_dotless && lm_nr >= 4) {", "        int lm_ii = 0;"]
@@ -126,7 +126,14 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
                     "          #pragma omp simd reduction(+:lm_total)", f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{",
                     f"            lm_p[lm_ii][lm_jj] = lm_exp2((lm_s[lm_ii][lm_jj] - lm_shift) * {c});", "            lm_total += lm_p[lm_ii][lm_jj];",
                     "          }", "          lm_l[lm_ii] = lm_l[lm_ii] * lm_alpha[lm_ii] + lm_total;", "        }",
-                    "        {", "        int lm_ii = 0;"]
+                    "        if (lm_nr < 4) for (int lm_ii = 0; lm_ii < lm_nr; lm_ii++) {",  # (a decode step: values read where they are)
+        "          if (!lm_live[lm_ii]) continue;",
+        f"          for (int lm_dd = 0; lm_dd < {D}; lm_dd++) lm_acc[lm_ii][lm_dd] *= lm_alpha[lm_ii];",
+        f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{", f"            {clamp_j}", "            const float lm_w = lm_p[lm_ii][lm_jj];",
+        "            #pragma omp simd", f"            for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
+    lines, value = emit(plan.value, "              ")
+    out += lines + [f"              lm_acc[lm_ii][{d.name}] += lm_w * {value};", "            }", "          }", "        }",
+        "        else {", "        int lm_ii = 0;"]
     for rows, step in ((4, "lm_ii + 4 <= lm_nr; lm_ii += 4"), (1, "lm_ii < lm_nr; lm_ii++")):  # acc = acc * alpha + p @ vp
         live = " | ".join(f"lm_live[lm_ii + {r}]" for r in range(rows))
         out += [f"        for (; {step}) {{", f"          if (!({live})) continue;", f"          lm_vec lm_c[{rows}][{dv}];",

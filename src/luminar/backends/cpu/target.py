@@ -37,6 +37,12 @@ class CPUTarget(Target):
     space, viable, to_schedule = staticmethod(space.space), staticmethod(space.viable), staticmethod(space.to_schedule)
     bench, run_chain = staticmethod(bench.Bench), staticmethod(bench.run_chain)
 
+    def default_fusion(self, kernel, forms: list[str]):
+        # The online form when a region reaches it: SmolLM2-135M (9 heads x 64) with it forced took
+        # 0.90x the time of the stored kernels at a 512-token prefill and 0.93-1.01x per decode step
+        # at contexts 40-400, on Zen 4 (bench/llm.py's model; LLM.md).
+        return schedules.Online(schedules.ONLINE_ROWS, schedules.ONLINE_KEYS) if "online" in forms else None
+
     def estimate(self, program, kernel, schedule, env: dict) -> float:
         return space.estimate(program, kernel, schedule, env, self.threads)
 
