@@ -323,12 +323,16 @@ class Mul(Expr):
 
 
 class BinOp(Expr):
-    """A node with two operands; subclasses say how it evaluates, bounds and prints."""
+    """A node with two operands; subclasses say how it bounds and prints, and evaluate by their
+    `np_fn` (a function of the two operands' values, ints or numpy arrays) unless they override it."""
 
     def __init__(self, a: Expr, b: Expr, *extra):
         super().__init__(a, b, *extra)
         self.a, self.b = a, b
         self.children = (a, b)
+
+    def evaluate(self, env):
+        return _to_int(self.np_fn(self.a.evaluate(env), self.b.evaluate(env)))
 
 
 def _fdiv(a, b):
@@ -353,9 +357,6 @@ class _Division(BinOp):
     """Floor division and modulo: C's truncating / and % where both sides are provably positive."""
     prec = DIV
 
-    def evaluate(self, env):
-        return self.py_op(self.a.evaluate(env), self.b.evaluate(env))
-
     def __str__(self):
         return f"{_wrap(self.a, MUL)} {self.symbol} {_wrap(self.b, ATOM)}"
 
@@ -367,7 +368,7 @@ class _Division(BinOp):
 
 
 class FloorDiv(_Division):
-    symbol, c_op, helper, py_op = "//", "/", "lm_floordiv", operator.floordiv
+    symbol, c_op, helper, np_fn = "//", "/", "lm_floordiv", operator.floordiv
 
     @cached_property
     def _range(self):
@@ -378,7 +379,7 @@ class FloorDiv(_Division):
 
 
 class Mod(_Division):
-    symbol, c_op, helper, py_op = "%", "%", "lm_mod", operator.mod
+    symbol, c_op, helper, np_fn = "%", "%", "lm_mod", operator.mod
 
     @cached_property
     def _range(self):
@@ -400,9 +401,6 @@ class Min(BinOp):
 
     def _rebuild(self, children):
         return _minmax(type(self), *children)
-
-    def evaluate(self, env):
-        return _to_int(self.np_fn(self.a.evaluate(env), self.b.evaluate(env)))
 
     def __str__(self):
         return f"{self.name}({self.a}, {self.b})"
@@ -426,7 +424,7 @@ class Compare(BinOp):
 
     def __init__(self, op: str, a: Expr, b: Expr):
         super().__init__(a, b, op)
-        self.op = op
+        self.op, self.np_fn = op, _COMPARE_FNS[op]
 
     _range = (0, 1)  # a plain value: a decided comparison would have been folded to a constant
 
@@ -437,9 +435,6 @@ class Compare(BinOp):
         negated = {"<": ("<=", True), "<=": ("<", True), "==": ("!=", False), "!=": ("==", False)}
         op, swap = negated[self.op]
         return _compare(op, self.b, self.a) if swap else _compare(op, self.a, self.b)
-
-    def evaluate(self, env):
-        return _to_int(_COMPARE_FNS[self.op](self.a.evaluate(env), self.b.evaluate(env)))
 
     def _parts(self, text):
         # Print `1 <= x` as `x >= 1`: the variable first reads like the intent.
