@@ -112,7 +112,6 @@ def _random_buffers(program, kernel, env, seed) -> dict[int, np.ndarray]:
 def machine(threads: int) -> str:
     """What a measured schedule depends on besides the kernel: CPU model and features, thread
     count, C compiler and flags."""
-    cpu = ""
     try:
         with open("/proc/cpuinfo") as f:
             info = f.read()
