@@ -155,15 +155,7 @@ class Expr:
         if not names:
             return self
         # remembered per expression and the values of the variables it has (see _memoized)
-        key = (self, names[0], sym(mapping[names[0]])) if len(names) == 1 else \
-            (self, *sorted((name, sym(mapping[name])) for name in names))
-        result = _SUBSTITUTED.get(key)
-        if result is None:
-            result = self._rebuild([c.substitute(mapping) for c in self.children])
-            if len(_SUBSTITUTED) >= MEMO_LIMIT:
-                _SUBSTITUTED.clear()
-            _SUBSTITUTED[key] = result
-        return result
+        return _substituted(self, *sorted((name, sym(mapping[name])) for name in names))
 
     def _rebuild(self, children: list) -> Expr:
         """The same node over new children, through the smart constructor."""
@@ -494,7 +486,6 @@ def sym(x) -> Expr:
 
 
 _MEMO: dict = {}  # (constructor, operands) -> result, see _memoized
-_SUBSTITUTED: dict = {}  # (expression, (name, value), ...) -> result, see Expr.substitute
 MEMO_LIMIT = 1 << 17  # entries kept before the table starts over (bounds memory, not results)
 _CONSTS: dict[int, Const] = {}  # one shared Const per small value
 
@@ -527,6 +518,13 @@ def _memoized(build):
         return result
     cached.__name__, cached.__doc__, cached.__wrapped__ = build.__name__, build.__doc__, build
     return cached
+
+
+@_memoized
+def _substituted(e: Expr, *values: tuple) -> Expr:
+    """Expr.substitute of `e` for the (name, value) pairs of the variables it has, sorted by name."""
+    mapping = dict(values)
+    return e._rebuild([c.substitute(mapping) for c in e.children])
 
 
 def _linear(e: Expr) -> tuple[dict, int]:
