@@ -236,17 +236,12 @@ class Var(Expr):
 
 
 def _sum_text(items, const: int, times: str) -> str:
-    """'x * 2 + y - z + 5' from (text, coefficient) pairs; shared by str() and render_c()."""
-    out = ""
-    for text, coeff in items:
-        magnitude = text if abs(coeff) == 1 else f"{text}{times}{abs(coeff)}"
-        if not out:
-            out = magnitude if coeff > 0 else f"-{magnitude}"
-        else:
-            out += (" + " if coeff > 0 else " - ") + magnitude
+    """'x * 2 + y - z + 5' from (text, coefficient) pairs (at least one); shared by str() and render_c()."""
+    signed = [(coeff, text if abs(coeff) == 1 else f"{text}{times}{abs(coeff)}") for text, coeff in items]
     if const:
-        out += (" + " if const > 0 else " - ") + str(abs(const))
-    return out
+        signed.append((const, str(abs(const))))
+    out = "".join((" + " if coeff > 0 else " - ") + magnitude for coeff, magnitude in signed)
+    return "-" + out[3:] if out.startswith(" - ") else out[3:]  # the first term without a binary sign
 
 
 class Sum(Expr):
