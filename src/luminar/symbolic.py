@@ -581,6 +581,10 @@ def _coefficient(e: Expr) -> tuple[int, Expr]:
     return 1, e
 
 
+def _factors(e: Expr) -> list:
+    return list(e.children) if type(e) is Mul else [e]
+
+
 @_memoized
 def _mul(a: Expr, b: Expr) -> Expr:
     if b.is_const:
@@ -591,8 +595,7 @@ def _mul(a: Expr, b: Expr) -> Expr:
         terms, const = _linear(b)
         return _make_sum({t: c * a.value for t, c in terms.items()}, const * a.value)
     (a_coeff, a_rest), (b_coeff, b_rest) = _coefficient(a), _coefficient(b)
-    factors = [f for x in (a_rest, b_rest) for f in (x.children if type(x) is Mul else (x,))]
-    product = Mul(tuple(sorted(factors, key=lambda f: f._order)))
+    product = Mul(tuple(sorted(_factors(a_rest) + _factors(b_rest), key=lambda f: f._order)))
     return _make_sum({product: a_coeff * b_coeff}, 0)
 
 
@@ -602,10 +605,6 @@ def _common_factor(e: Sum, n: int) -> int:
 
 def _scaled_down(e: Sum, g: int) -> Expr:
     return _make_sum({t: c // g for t, c in e.terms}, e.const // g)
-
-
-def _factors(e: Expr) -> list:
-    return list(e.children) if type(e) is Mul else [e]
 
 
 def _exact_quotient(a: Expr, b: Expr) -> Expr | None:
