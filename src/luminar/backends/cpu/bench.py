@@ -108,13 +108,9 @@ def _random_buffers(program, kernel, env, seed) -> dict[int, np.ndarray]:
 def machine(threads: int) -> str:
     """What a measured schedule depends on besides the kernel: CPU model and features, thread
     count, C compiler and flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-        cpu = " ".join(line.split(":", 1)[1].strip() for line in info.splitlines()
-                       if line.startswith(("model name", "flags")))[:4000]
-    except OSError:
-        cpu = platform.processor()
+    info = cc.cpuinfo()  # ("" where there is no /proc/cpuinfo)
+    cpu = " ".join(line.split(":", 1)[1].strip() for line in info.splitlines()
+                   if line.startswith(("model name", "flags")))[:4000] if info else platform.processor()
     return json.dumps([platform.machine(), cpu, threads, cc.compiler(), cc.FLAGS])
 
 
