@@ -108,9 +108,9 @@ def _random_buffers(program, kernel, env, seed) -> dict[int, np.ndarray]:
 def machine(threads: int) -> str:
     """What a measured schedule depends on besides the kernel: CPU model and features, thread
     count, C compiler and flags."""
-    info = cc.cpuinfo()  # ("" where there is no /proc/cpuinfo)
-    cpu = " ".join(line.split(":", 1)[1].strip() for line in info.splitlines()
-                   if line.startswith(("model name", "flags")))[:4000] if info else platform.processor()
+    info = cc.cpuinfo()
+    named = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    cpu = " ".join(named)[:4000] if info else platform.processor()  # (no /proc/cpuinfo: not Linux)
     return json.dumps([platform.machine(), cpu, threads, cc.compiler(), cc.FLAGS])
 
 
