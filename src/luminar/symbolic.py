@@ -746,12 +746,6 @@ def _compare(op: str, a: Expr, b: Expr) -> Expr:
     return Compare(op, a, b)
 
 
-def _truth(e: Expr) -> int | None:
-    """1 if e is nonzero for every assignment, 0 if always zero, None if it depends."""
-    lo, hi = e._range
-    return 0 if lo == hi == 0 else 1 if lo > 0 or hi < 0 else None
-
-
 def _as_bool(e: Expr) -> Expr:
     lo, hi = e._range
     return e if lo >= 0 and hi <= 1 else e.ne(0)
@@ -761,10 +755,10 @@ def _as_bool(e: Expr) -> Expr:
 def _logic(cls: type, a: Expr, b: Expr) -> Expr:
     absorbing = 0 if cls is And else 1  # x & 0 = 0, x | 1 = 1
     for x, y in ((a, b), (b, a)):
-        truth = _truth(x)
+        truth = x.ne(0)  # the constant 1 or 0 where x's range decides it
         if truth == absorbing:
             return _const(absorbing)
-        if truth is not None:  # the neutral element: x & 1 = x, x | 0 = x (as 0/1)
+        if truth.is_const:  # the neutral element: x & 1 = x, x | 0 = x (as 0/1)
             return _as_bool(y)
     if a == b:
         return _as_bool(a)
