@@ -342,8 +342,7 @@ class GraphTensor:
             dim = self.ndim - 1 - i
             before, after = pad[2 * i], pad[2 * i + 1]
             if isinstance(before, int) and isinstance(after, int):  # negative amounts crop
-                n = tracker.shape[dim]
-                tracker = tracker.slice(dim, max(-before, 0), n - max(-after, 0))
+                tracker = tracker.slice(dim, max(-before, 0), tracker.shape[dim] - max(-after, 0))
                 before, after = max(before, 0), max(after, 0)
             tracker = tracker.pad(dim, before, after)  # symbolic amounts must be >= 0
         out = self._view(tracker)
