@@ -131,9 +131,8 @@ class GraphTensor:
         return self._new(op, [self], self.dims)
 
     def _binary(self, op: str, other, reverse=False) -> GraphTensor:
-        a, b = self, self._lift(other)
-        if reverse:
-            a, b = b, a
+        other = self._lift(other)
+        a, b = (other, self) if reverse else (self, other)
         shape = broadcast_shapes(a.dims, b.dims)
         return self._new(op, [a.broadcast_to(shape), b.broadcast_to(shape)], shape)
 
