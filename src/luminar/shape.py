@@ -156,8 +156,7 @@ class ShapeTracker:
 
         This is the sliding window of pooling and convolution; out = (n - dilation*(size-1) - 1)//stride + 1.
         """
-        n = self.shape[dim]
-        out = (n - dilation * (size - 1) - 1) // stride + 1
+        out = (self.shape[dim] - dilation * (size - 1) - 1) // stride + 1
         shape = _splice(self.shape, dim, out, sym(size))
         strides = _splice(self.strides, dim, self.strides[dim] * stride, self.strides[dim] * dilation)
         new = index_vars(shape)

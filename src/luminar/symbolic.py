@@ -433,8 +433,7 @@ class Compare(BinOp):
         return " ".join(self._parts(lambda e: _wrap(e, SUM)))
 
     def render_c(self):
-        a, op, b = self._parts(lambda e: e.render_c())
-        return f"({a}{op}{b})"
+        return "(" + "".join(self._parts(lambda e: e.render_c())) + ")"
 
 
 class And(BinOp):

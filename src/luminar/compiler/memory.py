@@ -47,5 +47,4 @@ def plan_memory(program: KernelProgram, env: dict[str, int], life: dict[int, tup
                 break
             offset = max(offset, hi)
         placed.append((offset, size[buf], buf))
-    arena = max((o + n for o, n, _ in placed), default=0)
-    return MemoryPlan({b: o for o, _, b in placed}, arena)
+    return MemoryPlan({b: o for o, _, b in placed}, max((o + n for o, n, _ in placed), default=0))
