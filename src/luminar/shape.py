@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from .symbolic import Expr, Var, smax, sym
 
+
 def index_var(k: int, dim: Expr) -> Expr:
     """The variable naming the index along dimension k of a tensor whose size there is `dim`."""
     dim = sym(dim)

@@ -16,6 +16,7 @@ from .graph import Graph, Node, parse_dim, show_shape
 from .shape import ShapeTracker, numel as shape_numel
 from .symbolic import Expr, smax, smin, sym
 
+
 def _public(d: Expr):
     return d.value if d.is_const else d
 
