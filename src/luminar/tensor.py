@@ -327,8 +327,7 @@ class GraphTensor:
         if n.is_const and n.value < dilation * (size - 1) + 1:
             raise ShapeError(f"unfold: window of {size} (dilation {dilation}) does not fit dim {dimension} of size {n}")
         t = self._view(self.tracker.window(d, size, step, dilation))
-        order = [k for k in range(t.ndim) if k != d + 1] + [d + 1]
-        return t.permute(*order)
+        return t.permute(*[k for k in range(t.ndim) if k != d + 1], d + 1)  # the window axis last
 
     def pad(self, pad: Sequence[int], value: float = 0.0) -> GraphTensor:
         """torch.nn.functional.pad (constant mode): pairs (before, after) from the last dim backwards.
