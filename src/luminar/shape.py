@@ -23,8 +23,6 @@ from typing import NamedTuple
 
 from .symbolic import Expr, Var, smax, sym
 
-Dim = Expr
-
 
 def index_var(k: int, dim: Expr) -> Expr:
     """The variable naming the index along dimension k of a tensor whose size there is `dim`."""
@@ -106,30 +104,26 @@ class ShapeTracker:
         return self.valid.substitute({f"_d{k}": sym(i) for k, i in enumerate(idx)})
 
     # -- view ops: each returns a new tracker ------------------------------------------------
-    def _with(self, step: tuple, shape, strides, offset, valid_subst: dict | None = None,
-              extra_valid=None) -> ShapeTracker:
+    def _with(self, step: tuple, shape, strides, offset, valid: Expr) -> ShapeTracker:
         """The new tracker after view op `step` = (name, *args), which is appended to the history."""
-        valid = self.valid.substitute(valid_subst) if valid_subst else self.valid
-        if extra_valid is not None:
-            valid = valid & extra_valid
         return ShapeTracker(tuple(shape), tuple(strides), offset, valid, self._record(step))
 
     def _record(self, step: tuple) -> tuple[ViewStep, ...]:
         return self.history + (ViewStep(step[0], self.shape, tuple(step[1:])),)
 
     def permute(self, order) -> ShapeTracker:
-        new = index_vars([self.shape[o] for o in order])
-        subst = {f"_d{old}": new[pos] for pos, old in enumerate(order)}
-        return self._with(("permute", tuple(order)), [self.shape[o] for o in order],
-                          [self.strides[o] for o in order], self.offset, subst)
+        shape = [self.shape[o] for o in order]
+        new = index_vars(shape)
+        valid = self.valid.substitute({f"_d{old}": new[pos] for pos, old in enumerate(order)})
+        return self._with(("permute", tuple(order)), shape, [self.strides[o] for o in order], self.offset, valid)
 
     def expand(self, shape) -> ShapeTracker:
         """Broadcast size-1 dimensions to `shape` (same rank) with stride 0."""
         shape = [sym(d) for d in shape]
         grown = [k for k, (old, new) in enumerate(zip(self.shape, shape)) if old != new]
         strides = [sym(0) if k in grown else s for k, s in enumerate(self.strides)]
-        subst = self._reindex(shape, {k: sym(0) for k in grown})
-        return self._with(("expand", tuple(shape)), shape, strides, self.offset, subst)
+        valid = self._reindexed(shape, {k: sym(0) for k in grown})
+        return self._with(("expand", tuple(shape)), shape, strides, self.offset, valid)
 
     def slice(self, dim: int, start, stop, step: int = 1) -> ShapeTracker:
         """Keep start, start+step, ... < stop along `dim` (bounds already normalized, step > 0)."""
@@ -137,15 +131,15 @@ class ShapeTracker:
         size = smax((stop - start + step - 1) // step, 0)
         shape = _splice(self.shape, dim, size)
         strides = _splice(self.strides, dim, self.strides[dim] * step)
-        subst = self._reindex(shape, {dim: start + index_var(dim, size) * step})
+        valid = self._reindexed(shape, {dim: start + index_var(dim, size) * step})
         return self._with(("slice", dim, start, stop, step), shape, strides, self.offset + start * self.strides[dim],
-                          subst)
+                          valid)
 
     def flip(self, dim: int) -> ShapeTracker:
         n = self.shape[dim]
         strides = _splice(self.strides, dim, -self.strides[dim])
-        subst = self._reindex(self.shape, {dim: n - 1 - index_var(dim, n)})
-        return self._with(("flip", dim), self.shape, strides, self.offset + (n - 1) * self.strides[dim], subst)
+        valid = self._reindexed(self.shape, {dim: n - 1 - index_var(dim, n)})
+        return self._with(("flip", dim), self.shape, strides, self.offset + (n - 1) * self.strides[dim], valid)
 
     def pad(self, dim: int, before, after) -> ShapeTracker:
         """Add `before`/`after` zero positions along `dim` (both >= 0)."""
@@ -153,24 +147,24 @@ class ShapeTracker:
         n = self.shape[dim]
         shape = _splice(self.shape, dim, n + before + after)
         i = index_var(dim, shape[dim])
-        subst = self._reindex(shape, {dim: i - before})
         inside = i.ge(before) & i.lt(before + n)
+        valid = self._reindexed(shape, {dim: i - before}) & inside
         return self._with(("pad", dim, before, after), shape, self.strides, self.offset - before * self.strides[dim],
-                          subst, inside)
+                          valid)
 
     def window(self, dim: int, size: int, stride: int = 1, dilation: int = 1) -> ShapeTracker:
         """Replace `dim` (length n) by two dims (out, size): element (o, k) reads o*stride + k*dilation.
 
         This is the sliding window of pooling and convolution; out = (n - dilation*(size-1) - 1)//stride + 1.
         """
-        n = self.shape[dim]
-        out = (n - dilation * (size - 1) - 1) // stride + 1
+        out = (self.shape[dim] - dilation * (size - 1) - 1) // stride + 1
         shape = _splice(self.shape, dim, out, sym(size))
         strides = _splice(self.strides, dim, self.strides[dim] * stride, self.strides[dim] * dilation)
         new = index_vars(shape)
         subst = {f"_d{k}": new[k if k < dim else k + 1] for k in range(self.ndim) if k != dim}
         subst[f"_d{dim}"] = new[dim] * stride + new[dim + 1] * dilation
-        return self._with(("window", dim, size, stride, dilation), shape, strides, self.offset, subst)
+        valid = self.valid.substitute(subst)
+        return self._with(("window", dim, size, stride, dilation), shape, strides, self.offset, valid)
 
     def reshape(self, shape) -> ShapeTracker | None:
         """The same elements in row-major order under a new shape, or None if strides cannot express it."""
@@ -202,11 +196,12 @@ class ShapeTracker:
             old_sizes = [self.shape[k] for k in old_dims]
             for k, size, scale in zip(old_dims, old_sizes, row_major_strides(old_sizes)):
                 subst[f"_d{k}"] = (flat // scale) % size
-        return self._with(("reshape", shape), shape, strides, self.offset, subst)
+        return self._with(("reshape", shape), shape, strides, self.offset, self.valid.substitute(subst))
 
-    def _reindex(self, shape, changed: dict[int, Expr]) -> dict[str, Expr]:
-        """Substitution for `valid`: dims in `changed` get their expression, others fresh index vars."""
-        return {f"_d{k}": changed.get(k, index_var(k, d)) for k, d in enumerate(shape)}
+    def _reindexed(self, shape, changed: dict[int, Expr]) -> Expr:
+        """`valid` over the new view's index vars: dims in `changed` get their expression, others
+        fresh index vars (for a view of `shape`)."""
+        return self.valid.substitute({f"_d{k}": changed.get(k, index_var(k, d)) for k, d in enumerate(shape)})
 
 
 def _sample(e: Expr) -> int:

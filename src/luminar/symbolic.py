@@ -155,15 +155,7 @@ class Expr:
         if not names:
             return self
         # remembered per expression and the values of the variables it has (see _memoized)
-        key = (self, names[0], sym(mapping[names[0]])) if len(names) == 1 else \
-            (self, *sorted((name, sym(mapping[name])) for name in names))
-        result = _SUBSTITUTED.get(key)
-        if result is None:
-            result = self._rebuild([c.substitute(mapping) for c in self.children])
-            if len(_SUBSTITUTED) >= MEMO_LIMIT:
-                _SUBSTITUTED.clear()
-            _SUBSTITUTED[key] = result
-        return result
+        return _substituted(self, *sorted((name, sym(mapping[name])) for name in names))
 
     def _rebuild(self, children: list) -> Expr:
         """The same node over new children, through the smart constructor."""
@@ -244,17 +236,12 @@ class Var(Expr):
 
 
 def _sum_text(items, const: int, times: str) -> str:
-    """'x * 2 + y - z + 5' from (text, coefficient) pairs; shared by str() and render_c()."""
-    out = ""
-    for text, coeff in items:
-        magnitude = text if abs(coeff) == 1 else f"{text}{times}{abs(coeff)}"
-        if not out:
-            out = magnitude if coeff > 0 else f"-{magnitude}"
-        else:
-            out += (" + " if coeff > 0 else " - ") + magnitude
+    """'x * 2 + y - z + 5' from (text, coefficient) pairs (at least one); shared by str() and render_c()."""
+    signed = [(coeff, text if abs(coeff) == 1 else f"{text}{times}{abs(coeff)}") for text, coeff in items]
     if const:
-        out += (" + " if const > 0 else " - ") + str(abs(const))
-    return out
+        signed.append((const, str(abs(const))))
+    out = "".join((" + " if coeff > 0 else " - ") + magnitude for coeff, magnitude in signed)
+    return "-" + out[3:] if out.startswith(" - ") else out[3:]  # the first term without a binary sign
 
 
 class Sum(Expr):
@@ -323,12 +310,16 @@ class Mul(Expr):
 
 
 class BinOp(Expr):
-    """A node with two operands; subclasses say how it evaluates, bounds and prints."""
+    """A node with two operands; subclasses say how it bounds and prints, and evaluate by their
+    `np_fn` (a function of the two operands' values, ints or numpy arrays) unless they override it."""
 
     def __init__(self, a: Expr, b: Expr, *extra):
         super().__init__(a, b, *extra)
         self.a, self.b = a, b
         self.children = (a, b)
+
+    def evaluate(self, env):
+        return _to_int(self.np_fn(self.a.evaluate(env), self.b.evaluate(env)))
 
 
 def _fdiv(a, b):
@@ -353,9 +344,6 @@ class _Division(BinOp):
     """Floor division and modulo: C's truncating / and % where both sides are provably positive."""
     prec = DIV
 
-    def evaluate(self, env):
-        return self.py_op(self.a.evaluate(env), self.b.evaluate(env))
-
     def __str__(self):
         return f"{_wrap(self.a, MUL)} {self.symbol} {_wrap(self.b, ATOM)}"
 
@@ -367,7 +355,7 @@ class _Division(BinOp):
 
 
 class FloorDiv(_Division):
-    symbol, c_op, helper, py_op = "//", "/", "lm_floordiv", operator.floordiv
+    symbol, c_op, helper, np_fn = "//", "/", "lm_floordiv", operator.floordiv
 
     @cached_property
     def _range(self):
@@ -378,7 +366,7 @@ class FloorDiv(_Division):
 
 
 class Mod(_Division):
-    symbol, c_op, helper, py_op = "%", "%", "lm_mod", operator.mod
+    symbol, c_op, helper, np_fn = "%", "%", "lm_mod", operator.mod
 
     @cached_property
     def _range(self):
@@ -400,9 +388,6 @@ class Min(BinOp):
 
     def _rebuild(self, children):
         return _minmax(type(self), *children)
-
-    def evaluate(self, env):
-        return _to_int(self.np_fn(self.a.evaluate(env), self.b.evaluate(env)))
 
     def __str__(self):
         return f"{self.name}({self.a}, {self.b})"
@@ -426,7 +411,7 @@ class Compare(BinOp):
 
     def __init__(self, op: str, a: Expr, b: Expr):
         super().__init__(a, b, op)
-        self.op = op
+        self.op, self.np_fn = op, _COMPARE_FNS[op]
 
     _range = (0, 1)  # a plain value: a decided comparison would have been folded to a constant
 
@@ -438,9 +423,6 @@ class Compare(BinOp):
         op, swap = negated[self.op]
         return _compare(op, self.b, self.a) if swap else _compare(op, self.a, self.b)
 
-    def evaluate(self, env):
-        return _to_int(_COMPARE_FNS[self.op](self.a.evaluate(env), self.b.evaluate(env)))
-
     def _parts(self, text):
         # Print `1 <= x` as `x >= 1`: the variable first reads like the intent.
         if self.op in ("<", "<=") and self.a.is_const and not self.b.is_const:
@@ -451,8 +433,7 @@ class Compare(BinOp):
         return " ".join(self._parts(lambda e: _wrap(e, SUM)))
 
     def render_c(self):
-        a, op, b = self._parts(lambda e: e.render_c())
-        return f"({a}{op}{b})"
+        return "(" + "".join(self._parts(lambda e: e.render_c())) + ")"
 
 
 class And(BinOp):
@@ -499,7 +480,6 @@ def sym(x) -> Expr:
 
 
 _MEMO: dict = {}  # (constructor, operands) -> result, see _memoized
-_SUBSTITUTED: dict = {}  # (expression, (name, value), ...) -> result, see Expr.substitute
 MEMO_LIMIT = 1 << 17  # entries kept before the table starts over (bounds memory, not results)
 _CONSTS: dict[int, Const] = {}  # one shared Const per small value
 
@@ -532,6 +512,13 @@ def _memoized(build):
         return result
     cached.__name__, cached.__doc__, cached.__wrapped__ = build.__name__, build.__doc__, build
     return cached
+
+
+@_memoized
+def _substituted(e: Expr, *values: tuple) -> Expr:
+    """Expr.substitute of `e` for the (name, value) pairs of the variables it has, sorted by name."""
+    mapping = dict(values)
+    return e._rebuild([c.substitute(mapping) for c in e.children])
 
 
 def _linear(e: Expr) -> tuple[dict, int]:
@@ -593,6 +580,10 @@ def _coefficient(e: Expr) -> tuple[int, Expr]:
     return 1, e
 
 
+def _factors(e: Expr) -> list:
+    return list(e.children) if type(e) is Mul else [e]
+
+
 @_memoized
 def _mul(a: Expr, b: Expr) -> Expr:
     if b.is_const:
@@ -603,8 +594,7 @@ def _mul(a: Expr, b: Expr) -> Expr:
         terms, const = _linear(b)
         return _make_sum({t: c * a.value for t, c in terms.items()}, const * a.value)
     (a_coeff, a_rest), (b_coeff, b_rest) = _coefficient(a), _coefficient(b)
-    factors = [f for x in (a_rest, b_rest) for f in (x.children if type(x) is Mul else (x,))]
-    product = Mul(tuple(sorted(factors, key=lambda f: f._order)))
+    product = Mul(tuple(sorted(_factors(a_rest) + _factors(b_rest), key=lambda f: f._order)))
     return _make_sum({product: a_coeff * b_coeff}, 0)
 
 
@@ -614,10 +604,6 @@ def _common_factor(e: Sum, n: int) -> int:
 
 def _scaled_down(e: Sum, g: int) -> Expr:
     return _make_sum({t: c // g for t, c in e.terms}, e.const // g)
-
-
-def _factors(e: Expr) -> list:
-    return list(e.children) if type(e) is Mul else [e]
 
 
 def _exact_quotient(a: Expr, b: Expr) -> Expr | None:
@@ -759,12 +745,6 @@ def _compare(op: str, a: Expr, b: Expr) -> Expr:
     return Compare(op, a, b)
 
 
-def _truth(e: Expr) -> int | None:
-    """1 if e is nonzero for every assignment, 0 if always zero, None if it depends."""
-    lo, hi = e._range
-    return 0 if lo == hi == 0 else 1 if lo > 0 or hi < 0 else None
-
-
 def _as_bool(e: Expr) -> Expr:
     lo, hi = e._range
     return e if lo >= 0 and hi <= 1 else e.ne(0)
@@ -774,10 +754,10 @@ def _as_bool(e: Expr) -> Expr:
 def _logic(cls: type, a: Expr, b: Expr) -> Expr:
     absorbing = 0 if cls is And else 1  # x & 0 = 0, x | 1 = 1
     for x, y in ((a, b), (b, a)):
-        truth = _truth(x)
+        truth = x.ne(0)  # the constant 1 or 0 where x's range decides it
         if truth == absorbing:
             return _const(absorbing)
-        if truth is not None:  # the neutral element: x & 1 = x, x | 0 = x (as 0/1)
+        if truth.is_const:  # the neutral element: x & 1 = x, x | 0 = x (as 0/1)
             return _as_bool(y)
     if a == b:
         return _as_bool(a)

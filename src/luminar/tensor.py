@@ -16,8 +16,6 @@ from .graph import Graph, Node, parse_dim, show_shape
 from .shape import ShapeTracker, numel as shape_numel
 from .symbolic import Expr, smax, smin, sym
 
-Scalar = int | float
-
 
 def _public(d: Expr):
     return d.value if d.is_const else d
@@ -134,9 +132,8 @@ class GraphTensor:
         return self._new(op, [self], self.dims)
 
     def _binary(self, op: str, other, reverse=False) -> GraphTensor:
-        a, b = self, self._lift(other)
-        if reverse:
-            a, b = b, a
+        other = self._lift(other)
+        a, b = (other, self) if reverse else (self, other)
         shape = broadcast_shapes(a.dims, b.dims)
         return self._new(op, [a.broadcast_to(shape), b.broadcast_to(shape)], shape)
 
@@ -330,8 +327,7 @@ class GraphTensor:
         if n.is_const and n.value < dilation * (size - 1) + 1:
             raise ShapeError(f"unfold: window of {size} (dilation {dilation}) does not fit dim {dimension} of size {n}")
         t = self._view(self.tracker.window(d, size, step, dilation))
-        order = [k for k in range(t.ndim) if k != d + 1] + [d + 1]
-        return t.permute(*order)
+        return t.permute(*[k for k in range(t.ndim) if k != d + 1], d + 1)  # the window axis last
 
     def pad(self, pad: Sequence[int], value: float = 0.0) -> GraphTensor:
         """torch.nn.functional.pad (constant mode): pairs (before, after) from the last dim backwards.
@@ -345,8 +341,7 @@ class GraphTensor:
             dim = self.ndim - 1 - i
             before, after = pad[2 * i], pad[2 * i + 1]
             if isinstance(before, int) and isinstance(after, int):  # negative amounts crop
-                n = tracker.shape[dim]
-                tracker = tracker.slice(dim, max(-before, 0), n - max(-after, 0))
+                tracker = tracker.slice(dim, max(-before, 0), tracker.shape[dim] - max(-after, 0))
                 before, after = max(before, 0), max(after, 0)
             tracker = tracker.pad(dim, before, after)  # symbolic amounts must be >= 0
         out = self._view(tracker)

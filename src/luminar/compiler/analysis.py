@@ -51,8 +51,7 @@ def plan_tiles(kernel: Kernel) -> TilePlan | None:
     red = single_reduce(kernel)
     if red is None or not kernel.shape or any(isinstance(n, Gather) for n in walk(kernel.value)):
         return None
-    loop_vars = kernel.loop_vars
-    i, j = (loop_vars[-2] if len(loop_vars) > 1 else None), loop_vars[-1]
+    i, j = (kernel.loop_vars[-2] if len(kernel.loop_vars) > 1 else None), kernel.loop_vars[-1]
     if any(isinstance(n, Reduce) for n in walk(red.body)) or j.name not in depends_on(red):
         return None  # (a reduction not over columns is a row value: see row_values)
     rows, panels = [], []

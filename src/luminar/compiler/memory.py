@@ -37,7 +37,6 @@ def plan_memory(program: KernelProgram, env: dict[str, int], life: dict[int, tup
     # float32 bytes, rounded up to a multiple of ALIGN
     size = {b.id: (int(b.numel.evaluate(env)) * 4 + ALIGN - 1) // ALIGN * ALIGN for b in program.buffers if b.id in life}
     placed: list[tuple[int, int, int]] = []  # (offset, bytes, buffer id)
-    offsets = {}
     for buf in sorted(size, key=lambda b: (-size[b], b)):
         start, end = life[buf]
         busy = sorted((o, o + n) for o, n, other in placed
@@ -47,7 +46,5 @@ def plan_memory(program: KernelProgram, env: dict[str, int], life: dict[int, tup
             if offset + size[buf] <= lo:
                 break
             offset = max(offset, hi)
-        offsets[buf] = offset
         placed.append((offset, size[buf], buf))
-    arena = max((o + n for o, n, _ in placed), default=0)
-    return MemoryPlan(offsets, arena)
+    return MemoryPlan({b: o for o, _, b in placed}, max((o + n for o, n, _ in placed), default=0))

@@ -86,8 +86,7 @@ def _float_arange(graph: Graph, start, end, step) -> GraphTensor:
         raise ValueDomainError(f"arange: bounds must be finite, got start={start}, end={end}, step={step}")
     if (end - start) * step < 0:
         raise ValueDomainError(f"arange: end {end} is not reachable from start {start} with step {step}")
-    n = math.ceil((end - start) / step)
-    return arange(graph, n) * step + start
+    return arange(graph, math.ceil((end - start) / step)) * step + start
 
 
 def zeros(graph: Graph, *size) -> GraphTensor:

@@ -42,12 +42,6 @@ def _ints(op: str, name: str, value, n: int, minimum: int) -> tuple[int, ...]:
     return tuple(int(v) for v in values)
 
 
-def _const_dims(op: str, name: str, dims) -> tuple[int, ...]:
-    if not all(d.is_const for d in dims):
-        raise UnsupportedError(f"{op}: {name} {show_shape(dims)} must have known sizes, not symbolic ones")
-    return tuple(d.value for d in dims)
-
-
 def _check_input_rank(op: str, x, n: int):
     """N-d ops take (C, *spatial) or (N, C, *spatial)."""
     if not hasattr(x, "ndim"):
@@ -142,7 +136,9 @@ def _conv(op: str, n: int, input, weight, bias, stride, padding, dilation, group
                          f"{show_shape(weight.dims) if hasattr(weight, 'dims') else type(weight).__name__}")
     if not is_int(groups) or groups < 1:
         raise ShapeError(f"{op}: groups must be a positive int, got {groups!r}")
-    out_ch, in_per_group, *kernel = _const_dims(op, "weight shape", weight.dims)
+    if not all(d.is_const for d in weight.dims):
+        raise UnsupportedError(f"{op}: weight shape {show_shape(weight.dims)} must have known sizes, not symbolic ones")
+    out_ch, in_per_group, *kernel = (d.value for d in weight.dims)
     stride, dilation = _ints(op, "stride", stride, n, 1), _ints(op, "dilation", dilation, n, 1)
     pads = _conv_padding(op, padding, kernel, stride, dilation)
     batched = input.ndim == n + 2

@@ -244,14 +244,12 @@ def cumsum(x: GraphTensor, dim=None) -> GraphTensor:
 # -- logical reductions and norms ------------------------------------------------------------
 def all_(x: GraphTensor, dim=None, keepdim: bool = False) -> GraphTensor:
     """torch.all as 0/1 floats: 1 where no element is zero (an empty slice gives 1)."""
-    axes = _axes(x, dim, "all")
-    return x.eq(0.0).sum(axes, keepdim).eq(0.0)
+    return x.eq(0.0).sum(_axes(x, dim, "all"), keepdim).eq(0.0)
 
 
 def any_(x: GraphTensor, dim=None, keepdim: bool = False) -> GraphTensor:
     """torch.any as 0/1 floats: 1 where some element is non-zero (an empty slice gives 0)."""
-    axes = _axes(x, dim, "any")
-    return x.ne(0.0).sum(axes, keepdim).gt(0.0)
+    return x.ne(0.0).sum(_axes(x, dim, "any"), keepdim).gt(0.0)
 
 
 def count_nonzero(x: GraphTensor, dim=None) -> GraphTensor:

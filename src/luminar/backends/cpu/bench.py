@@ -35,10 +35,8 @@ class Bench:
         oracle = render_oracle(program, kernel)
         libs = cc.load_many(["\n\n".join([PRELUDE, oracle] + [_exported(program, kernel, f"lm_variant{k}", schedules[k])
                                                               for k in half]) for half in halves])
-        self.calls = [None] * len(schedules)
-        for lib, half in zip(libs, halves):
-            for k in half:
-                self.calls[k] = cc.function(lib, f"lm_variant{k}", [ctypes.c_void_p] * 2)
+        self.calls = [cc.function(libs[k % 2], f"lm_variant{k}", [ctypes.c_void_p] * 2)  # (halves[k % 2] holds k)
+                      for k in range(len(schedules))]
         self.oracle = cc.function(libs[0], "lm_oracle", [ctypes.c_void_p] * 3 + [ctypes.c_longlong, ctypes.c_void_p])
         self.arrays = _random_buffers(program, kernel, env, seed)
         self.pointers, self.dims = _c_arguments(program, self.arrays, env)
@@ -52,10 +50,8 @@ class Bench:
         which = np.arange(n) if n <= 4096 or expected is not None else np.unique(np.concatenate(
             [rng.integers(0, n, 2048), np.arange(64), np.arange(n - 64, n)]))
         which = np.ascontiguousarray(which, dtype=np.int64)
-        truth = np.empty(len(which), np.float32)
-        if expected is not None:
-            truth = expected[which]
-        else:
+        truth = np.empty(len(which), np.float32) if expected is None else expected[which]
+        if expected is None:
             self.oracle(self.pointers, self.dims, which.ctypes.data, len(which), truth.ctypes.data)
         finite = np.abs(truth[np.isfinite(truth)])
         atol = RTOL * (float(finite.max()) if finite.size else 1.0) + 1e-6
@@ -112,14 +108,9 @@ def _random_buffers(program, kernel, env, seed) -> dict[int, np.ndarray]:
 def machine(threads: int) -> str:
     """What a measured schedule depends on besides the kernel: CPU model and features, thread
     count, C compiler and flags."""
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-        cpu = " ".join(line.split(":", 1)[1].strip() for line in info.splitlines()
-                       if line.startswith(("model name", "flags")))[:4000]
-    except OSError:
-        cpu = platform.processor()
+    info = cc.cpuinfo()
+    named = [line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    cpu = " ".join(named)[:4000] if info else platform.processor()  # (no /proc/cpuinfo: not Linux)
     return json.dumps([platform.machine(), cpu, threads, cc.compiler(), cc.FLAGS])
 
 

@@ -25,18 +25,19 @@ FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno",
 LIBS = ["-lm"]  # mandatory: vectorized math calls resolve to libmvec
 
 
-def _vector_lanes() -> int:
-    """Floats per SIMD register of the code -march=native gives: 16 with AVX-512, else 8. (A
-    64-byte GCC vector type on an AVX2-only CPU compiles to piecewise code through memory: a
-    matmul micro-kernel ran at 0.6 GFLOP/s where 32-byte vectors reach ~80.)"""
+def cpuinfo() -> str:
+    """The text of /proc/cpuinfo, or "" where it cannot be read (not Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return 16 if " avx512f" in f.read() else 8
+            return f.read()
     except OSError:
-        return 8
+        return ""
 
 
-VECTOR_LANES = _vector_lanes()
+# Floats per SIMD register of the code -march=native gives: 16 with AVX-512, else 8. (A 64-byte
+# GCC vector type on an AVX2-only CPU compiles to piecewise code through memory: a matmul
+# micro-kernel ran at 0.6 GFLOP/s where 32-byte vectors reach ~80.)
+VECTOR_LANES = 16 if " avx512f" in cpuinfo() else 8
 REGISTERS = 32 if VECTOR_LANES == 16 else 16  # vector registers: what a register tile of accumulators may use
 
 

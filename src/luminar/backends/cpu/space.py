@@ -224,11 +224,10 @@ def rules(language):
     """The fact relations and the staged rulesets (tile, order, annotate) over the nest language."""
     from egglog import String, i64, ne, relation, rewrite, ruleset, var, vars_
     Nest, Root = language.Nest, language.Root
-    fact = {"extent": relation("extent", String, i64), "factor": relation("factor", String, i64),
-            "subfactor": relation("subfactor", String, i64, i64), "spatial": relation("spatial", String),
-            "unit": relation("unit", String), "tileable": relation("tileable", String),
-            "register": relation("register", String), "packable": relation("packable"),
-            "rows_packable": relation("rows_packable")}
+    arguments = {"extent": (String, i64), "factor": (String, i64), "subfactor": (String, i64, i64),
+                 "spatial": (String,), "unit": (String,), "tileable": (String,), "register": (String,),
+                 "packable": (), "rows_packable": ()}
+    fact = {name: relation(name, *types) for name, types in arguments.items()}  # each relation under its own name
     d, e, k, k2 = vars_("d e k k2", String)
     sp, st, sp2, st2, f = vars_("sp st sp2 st2 f", i64)
     x = var("x", Nest)
