@@ -224,6 +224,7 @@ CASES = {
     "three rows": dict(heads=2, rows=3, keys=77, dim=32, mask="causal"),
     "no mask": dict(rows=33, keys=33, dim=64, mask=None),
     "additive -1e30": dict(rows=20, keys=90, dim=48, mask="additive"),
+    "heads of 256": dict(heads=1, rows=70, keys=70, dim=256),  # p @ v in chunks of columns (Gemma's heads)
 }
 
 

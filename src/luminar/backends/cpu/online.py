@@ -134,20 +134,24 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
     lines, value = emit(plan.value, "              ")
     out += lines + [f"              lm_acc[lm_ii][{d.name}] += lm_w * {value};", "            }", "          }", "        }",
         "        else {", "        int lm_ii = 0;"]
-    for rows, step in ((4, "lm_ii + 4 <= lm_nr; lm_ii += 4"), (1, "lm_ii < lm_nr; lm_ii++")):  # acc = acc * alpha + p @ vp
+    # acc = acc * alpha + p @ vp, in chunks of at most 4 vectors of columns: 4 rows x 16 vectors
+    # (a head of 256, Gemma's) spilled the accumulators out of the 32 registers
+    ch = max(c for c in (1, 2, 3, 4) if dv % c == 0)
+    for rows, step in ((4, "lm_ii + 4 <= lm_nr; lm_ii += 4"), (1, "lm_ii < lm_nr; lm_ii++")):
         live = " | ".join(f"lm_live[lm_ii + {r}]" for r in range(rows))
-        out += [f"        for (; {step}) {{", f"          if (!({live})) continue;", f"          lm_vec lm_c[{rows}][{dv}];",
-                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {dv}; lm_v++) "
-                f"lm_c[lm_r][lm_v] = ((lm_vec *)lm_acc[lm_ii + lm_r])[lm_v] * lm_alpha[lm_ii + lm_r];",
+        out += [f"        for (; {step}) {{", f"          if (!({live})) continue;",
+                f"          for (int lm_v0 = 0; lm_v0 < {dv}; lm_v0 += {ch}) {{", f"          lm_vec lm_c[{rows}][{ch}];",
+                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {ch}; lm_v++) "
+                f"lm_c[lm_r][lm_v] = ((lm_vec *)lm_acc[lm_ii + lm_r])[lm_v0 + lm_v] * lm_alpha[lm_ii + lm_r];",
                 f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{",
-                "            const lm_vec *restrict lm_vv = (const lm_vec *)lm_vp[lm_jj];",
+                "            const lm_vec *restrict lm_vv = (const lm_vec *)lm_vp[lm_jj] + lm_v0;",
                 f"            #pragma GCC unroll {rows}", f"            for (int lm_r = 0; lm_r < {rows}; lm_r++) {{",
                 "              const float lm_w = lm_live[lm_ii + lm_r] ? lm_p[lm_ii + lm_r][lm_jj] : 0.0f;",
-                f"              #pragma GCC unroll {dv}",
-                f"              for (int lm_v = 0; lm_v < {dv}; lm_v++) lm_c[lm_r][lm_v] += lm_w * lm_vv[lm_v];",
+                f"              #pragma GCC unroll {ch}",
+                f"              for (int lm_v = 0; lm_v < {ch}; lm_v++) lm_c[lm_r][lm_v] += lm_w * lm_vv[lm_v];",
                 "            }", "          }",
-                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {dv}; lm_v++) "
-                "((lm_vec *)lm_acc[lm_ii + lm_r])[lm_v] = lm_c[lm_r][lm_v];", "        }"]
+                f"          for (int lm_r = 0; lm_r < {rows}; lm_r++) for (int lm_v = 0; lm_v < {ch}; lm_v++) "
+                "((lm_vec *)lm_acc[lm_ii + lm_r])[lm_v0 + lm_v] = lm_c[lm_r][lm_v];", "          }", "        }"]
     out += ["        }", "      }"]
     # -- epilogue: the kernel's value with the sum, its row max and row sum read from the accumulators
     names = accumulated(kernel, plan, j, row_sum="lm_l[lm_ii]", row_max="lm_m[lm_ii]")
