@@ -38,9 +38,10 @@ class CPUTarget(Target):
     bench, run_chain = staticmethod(bench.Bench), staticmethod(bench.run_chain)
 
     def default_fusion(self, kernel, forms: list[str]):
-        # The online form when a region reaches it: SmolLM2-135M (9 heads x 64) with it forced took
-        # 0.90x the time of the stored kernels at a 512-token prefill and 0.93-1.01x per decode step
-        # at contexts 40-400, on Zen 4 (bench/llm.py's model; LLM.md).
+        # The online form wherever a region reaches it: against the stored kernels, in one process
+        # on Zen 4, SmolLM2-135M (heads of 64) prefilled 512 tokens 1.13x and decoded 1.04-1.06x
+        # faster (contexts 40-400); Gemma 3 270M (heads of 256) decoded 1.03-1.1x faster, and its
+        # prefill's kernels took 0.93-0.96x the time.
         return schedules.Online(schedules.ONLINE_ROWS, schedules.ONLINE_KEYS) if "online" in forms else None
 
     def estimate(self, program, kernel, schedule, env: dict) -> float:
