@@ -399,9 +399,10 @@ class Lowering:
                 if src.id in self.realized:
                     continue
                 if _row_broadcast(tracker, src.shape):  # computed per row, not per element of n
-                    row_srcs[n.id] |= {src.id} if holds_reduce[src.id] or row_srcs[src.id] else set()
-                    # (a sin without a reduction is not a row value: each element of n recomputes it)
-                    transcendental[n.id] |= transcendental[src.id] and not row_srcs[n.id]
+                    row_value = holds_reduce[src.id] or bool(row_srcs[src.id])
+                    row_srcs[n.id] |= {src.id} if row_value else set()
+                    # (a sin without a reduction is no row value: each element of n recomputes it)
+                    transcendental[n.id] |= transcendental[src.id] and not row_value
                     continue
                 holds_reduce[n.id] |= holds_reduce[src.id]
                 cost[n.id] += cost[src.id]
