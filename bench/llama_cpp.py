@@ -106,14 +106,32 @@ def run_llama_bench(binary: Path, model: str, prompt: int, generate: int, thread
                     repetitions: int = 1) -> dict:
     """One `llama-bench -p PROMPT -n GENERATE -t THREADS -r REPETITIONS -o json` on `model`: prefill
     of `prompt` tokens and decode of `generate` tokens from an empty context (llama-bench's own
-    warm-up run first), as tokens/s and seconds."""
-    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
-    proc = subprocess.run([str(binary), "-m", model, "-p", str(prompt), "-n", str(generate), "-t", str(threads),
-                           "-r", str(repetitions), "-o", "json"], capture_output=True, text=True, env=env, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"llama-bench failed ({proc.returncode}) on {model}: {proc.stderr[-2000:]}")
-    rows = json.loads(proc.stdout)
-    out = {"build": rows[0].get("build_commit", "?"), "threads": rows[0].get("n_threads", threads)}
+    warm-up run first), as tokens/s and seconds.
+
+    llama.cpp's default repacks weights for the CPU's extra buffer types (AMX on Intel Xeons with
+    it). On a Sapphire Rapids-class Xeon (2026-12-02) that path crashed with SIGSEGV on every
+    prompt of more than one token, while one-token decode ran -- and ran 2.3x faster than with
+    `--repack 0`. A part that crashes in the default is measured again alone with `--repack 0`,
+    so the peer is as fast as it can run here without crashing; `out["repack"]` says per part
+    (prefill, decode) which mode the figure is from and `out["crash"]` what failed."""
+    parts = {"prefill": (prompt, 0), "decode": (0, generate)}
+    out, rows = {"repack": {}, "crash": ""}, _llama_bench_rows(binary, model, prompt, generate, threads, repetitions)
+    if rows is None:  # crashed: each part alone, in the default first, else without the repack
+        out["crash"] = f"llama-bench -p {prompt} -n {generate} -t {threads} (default repack) died"
+        rows = []
+        for part, (p, n) in parts.items():
+            if not p and not n:
+                continue
+            found = _llama_bench_rows(binary, model, p, n, threads, repetitions)
+            out["repack"][part] = found is not None
+            if found is None:
+                found = _llama_bench_rows(binary, model, p, n, threads, repetitions, ("--repack", "0"))
+            if found is None:
+                raise RuntimeError(f"llama-bench crashed on {model} ({part}) with and without --repack 0")
+            rows += found
+    else:
+        out["repack"] = {"prefill": True, "decode": True}
+    out.update(build=rows[0].get("build_commit", "?"), threads=rows[0].get("n_threads", threads))
     for row in rows:
         if row.get("n_prompt") and not row.get("n_gen"):
             out["prefill_tok_s"] = row["avg_ts"]
@@ -121,3 +139,18 @@ def run_llama_bench(binary: Path, model: str, prompt: int, generate: int, thread
         elif row.get("n_gen") and not row.get("n_prompt"):
             out["decode_tok_s"] = row["avg_ts"]
     return out
+
+
+def _llama_bench_rows(binary: Path, model: str, prompt: int, generate: int, threads: int, repetitions: int,
+                      extra: tuple = ()) -> list[dict] | None:
+    """llama-bench's JSON rows, or None when it died of a signal (a crash: run_llama_bench retries);
+    another failure raises RuntimeError with its stderr."""
+    env = dict(os.environ, LD_LIBRARY_PATH=str(binary.parent))
+    proc = subprocess.run([str(binary), "-m", model, "-p", str(prompt), "-n", str(generate), "-t", str(threads),
+                           "-r", str(repetitions), *extra, "-o", "json"], capture_output=True, text=True, env=env,
+                          timeout=1800)
+    if proc.returncode < 0:
+        return None
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({proc.returncode}) on {model}: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)

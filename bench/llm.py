@@ -407,6 +407,19 @@ def measure_peer(cfg: dict, loaded: dict, build: bool = True) -> dict:
     return out
 
 
+def _repack_note(peer: dict) -> str:
+    """A sentence when llama-bench's default crashed and a part was measured with --repack 0
+    (llama_cpp.run_llama_bench), naming which figures come from which mode."""
+    crashed = {label: run for label, m in peer["models"].items() for run in m["runs"]["llama.cpp"] if run.get("crash")}
+    if not crashed:
+        return ""
+    modes = "; ".join(f"{label}: prefill {'default' if run['repack'].get('prefill') else '--repack 0'}, "
+                      f"decode {'default' if run['repack'].get('decode') else '--repack 0'}" for label, run in crashed.items())
+    return (f" **llama-bench's default crashed here** ({next(iter(crashed.values()))['crash']} of a signal: its "
+            f"weight repacking for the CPU's extra buffer types, AMX on this Xeon), so each part was run alone, "
+            f"in the default where that ran, else with `--repack 0` ({modes}).")
+
+
 def _agreeing(a: list[int], b: list[int]) -> int:
     """How many leading tokens two greedy decodes share."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
@@ -434,7 +447,8 @@ def render_peer(peer: dict, cfg: dict) -> str:
         f"{next(iter(peer['models'].values()))['prompt_tokens']}-token prompt. The int8 rows: "
         f"`load(activations=\"int8\")`, each linear layer's input quantized per block of 32 (llama.cpp's Q8_1) "
         f"and multiplied by integer dots; its {n} greedy tokens equal the float32 model's for the first "
-        + ", ".join(f"{m['int8_tokens_agree']} ({label})" for label, m in peer["models"].items()) + ".", "",
+        + ", ".join(f"{m['int8_tokens_agree']} ({label})" for label, m in peer["models"].items()) + "."
+        + _repack_note(peer), "",
         table(["model", f"luminar decode tok/s", "llama.cpp decode tok/s", "decode ratio",
                f"luminar prefill {p} s", f"llama.cpp prefill {p} s", "prefill ratio"], rows), "",
         f"Bandwidth fraction: the weights a decode step reads (all of them) times the decode rate, over "
