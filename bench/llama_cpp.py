@@ -117,7 +117,7 @@ def run_llama_bench(binary: Path, model: str, prompt: int, generate: int, thread
     parts = {"prefill": (prompt, 0), "decode": (0, generate)}
     out, rows = {"repack": {}, "crash": ""}, _llama_bench_rows(binary, model, prompt, generate, threads, repetitions)
     if rows is None:  # crashed: each part alone, in the default first, else without the repack
-        out["crash"] = f"llama-bench -p {prompt} -n {generate} -t {threads} (default repack) died"
+        out["crash"] = f"llama-bench -p {prompt} -n {generate} -t {threads} (default repack) died of a signal"
         rows = []
         for part, (p, n) in parts.items():
             if not p and not n:

@@ -415,8 +415,8 @@ def _repack_note(peer: dict) -> str:
         return ""
     modes = "; ".join(f"{label}: prefill {'default' if run['repack'].get('prefill') else '--repack 0'}, "
                       f"decode {'default' if run['repack'].get('decode') else '--repack 0'}" for label, run in crashed.items())
-    return (f" **llama-bench's default crashed here** ({next(iter(crashed.values()))['crash']} of a signal: its "
-            f"weight repacking for the CPU's extra buffer types, AMX on this Xeon), so each part was run alone, "
+    return (f" **llama-bench's default crashed here** ({next(iter(crashed.values()))['crash']}; its default "
+            f"repacks the weights for the CPU's extra buffer types, such as AMX), so each part was run alone, "
             f"in the default where that ran, else with `--repack 0` ({modes}).")
 
 

@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do case "$1" in -p) p=$2; shift;; -n) n=$2; shift;; --repack
 if {crash_when}; then kill -SEGV $$; fi
 {fail}
 rows=()
-[ "$p" -gt 0 ] && rows+=("{{\\"n_prompt\\": $p, \\"n_gen\\": 0, \\"avg_ts\\": 100.0, \\"avg_ns\\": $((p * 10000000)), \\"build_commit\\": \\"x\\", \\"n_threads\\": 2, \\"repack\\": $repack}}")
+[ "$p" -gt 0 ] && rows+=("{{\\"n_prompt\\": $p, \\"n_gen\\": 0, \\"avg_ts\\": 100.0, \\"avg_ns\\": $((p * 10000000)), \\"build_commit\\": \\"x\\", \\"n_threads\\": 2}}")
 [ "$n" -gt 0 ] && rows+=("{{\\"n_prompt\\": 0, \\"n_gen\\": $n, \\"avg_ts\\": $((50 + 200 * repack)).0, \\"avg_ns\\": 1, \\"build_commit\\": \\"x\\", \\"n_threads\\": 2}}")
 (IFS=,; echo "[${{rows[*]}}]")
 """

@@ -298,14 +298,15 @@ class _Emitter:
             dtype = self.program.buffers[ld.buffer].dtype
             if dtype in INT_RANGES and ld.valid == sym(1) and i in ld.index.vars():
                 name, buf = body.fresh("stage"), f"b{self.program.buffers[ld.buffer].id}"
-                body.lines += [f"{body.indent}{'int' if cc.VECTOR_LANES == 16 else 'short'} {name}[{size}] __attribute__((aligned(64)));",
-                               f"{body.indent}for (long long {i} = 0; {i} < {size}; {i}++) {name}[{i}] = {buf}[{ld.index.render_c()}];"]
+                body.lines.append(f"{body.indent}{'int' if cc.VECTOR_LANES == 16 else 'short'} {name}[{size}] __attribute__((aligned(64)));")
                 if cc.VECTOR_LANES == 16 and size % 16 == 0 and stride(ld.index, leaves[0].var) == 1:
                     # 16 bytes widened in one register per 16 ints: gcc's own loop stored halves of
                     # 32 bytes and the lane loop read them as one 64-byte vector, which Intel cores do
                     # not forward from the store buffer (a Q8_0 matvec ran at a third of its speed)
-                    body.lines[-1] = body.indent + " ".join(f"_mm512_store_si512(&{name}[{h}], _mm512_cvtep{dtype[0]}8_epi32(_mm_loadu_si128("
-                                                            f"(const void *)&{buf}[{ld.index.substitute({i: sym(h)}).render_c()}])));" for h in range(0, size, 16))
+                    body.lines += [f"{body.indent}_mm512_store_si512(&{name}[{h}], _mm512_cvtep{dtype[0]}8_epi32(_mm_loadu_si128("
+                                   f"(const void *)&{buf}[{ld.index.substitute({i: sym(h)}).render_c()}])));" for h in range(0, size, 16)]
+                else:
+                    body.lines.append(f"{body.indent}for (long long {i} = 0; {i} < {size}; {i}++) {name}[{i}] = {buf}[{ld.index.render_c()}];")
                 staged[ld] = Fixed(f"{name}[{i}]", 0, *INT_RANGES[dtype])
         body.lines += [f"{body.indent}#pragma omp simd", f"{body.indent}for (long long {i} = 0; {i} < {size}; {i}++) {{"]
         inner = body.child("    ")
