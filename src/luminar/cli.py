@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                         type=_number(float, 0, low_open=True, what="a number of seconds > 0"), help=SEARCH_HELP)
     common.add_argument("--int8-activations", action="store_true",
                         help="quantize the linear layers' inputs to int8 for integer dot products, as llama.cpp "
-                             "does (a block-quantized GGUF model only): faster decode, not bit-exact")
+                             "does (a block-quantized GGUF model only): faster decode on some CPUs (bench/LLM.md), not bit-exact")
     common.add_argument("--max-new-tokens", type=_number(int, 0, what="an int >= 0"), default=256, metavar="N",
                         help="stop after N new tokens (default: 256)")
     common.add_argument("--temperature", type=_number(float, 0, what="a number >= 0"), default=0.0, metavar="T",

@@ -780,7 +780,7 @@ class LlamaModel:
     def __init__(self, config: LlamaConfig, weights: Weights, tokenizer=None, backend: str = "cpu",
                  progress: Callable[[str], None] | None = None, activations: str = "float", **compile_options):
         """`activations` "int8" quantizes each linear layer's input rows to int8 per block of 32 and
-        multiplies by integer dots (Weights.linear; faster decode, not exact: logits move by about
+        multiplies by integer dots (Weights.linear; faster decode on some CPUs, not exact: logits move by about
         1e-2) in one-token steps, while prompts (more than one token) run a float32 program; the
         default "float" computes everything in float32."""
         if activations not in ("float", "int8"):
