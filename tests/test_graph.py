@@ -78,6 +78,17 @@ def test_storage_dtypes_load_as_float32(backend, dtype, array, expected):
     np.testing.assert_array_equal(g.compile(backend)(x=array)["y"], np.array(expected, np.float32) + 0.5)
 
 
+def test_every_float16_bit_pattern_loads_as_numpy_converts_it(backend):
+    # all 65536 halves: normals, subnormals, both zeros, infinities, NaNs (kernels read the bits)
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    g = lm.Graph()
+    (g.tensor("x", (1 << 16,), dtype="float16") * 1.0).output("y")
+    y, expected = g.compile(backend)(x=bits.view(np.float16))["y"], bits.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
+    finite = ~np.isnan(expected)
+    np.testing.assert_array_equal(y[finite].view(np.uint32), expected[finite].view(np.uint32))  # -0.0 included
+
+
 def test_bfloat16_matches_torch_rounding(backend):
     torch = pytest.importorskip("torch")
     values = rand(64, seed=3) * 100

@@ -83,12 +83,13 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
         out.append("        const int lm_dotless = 0;")
     # -- pack this block's keys and values; the scores' dot products by a vector micro-kernel
     # (fewer than 4 rows -- a decode step -- take each dot product straight from the keys: packing them
-    # transposed would cost more than the one use it serves)
+    # transposed would cost more than the one use it serves; and only for keys that exist: the last
+    # block's clamped copies of the last key, up to tj - 1 of them, were most of a step's attention)
     out += [f"        for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{", f"          {clamp_j}",
             f"          if (!lm_dotless && lm_nr >= 4) for (long long {k} = 0; {k} < {K}; {k}++) {{"]
     lines, key = emit(plan.key, "            ")
     out += lines + [f"            lm_kt[{k}][lm_jj] = {key};", "          }",
-                    f"          for (int lm_ii = 0; lm_ii < lm_nr && !lm_dotless && lm_nr < 4; lm_ii++) {{",
+                    f"          for (int lm_ii = 0; lm_ii < lm_nr && !lm_dotless && lm_nr < 4 && lm_j0 + lm_jj < {N}; lm_ii++) {{",
                     "            float lm_dot = 0.0f;", "            #pragma omp simd reduction(+:lm_dot)",
                     f"            for (long long {k} = 0; {k} < {K}; {k}++) {{"]
     lines, key = emit(plan.key, "              ")
@@ -129,7 +130,8 @@ def render_online(program: KernelProgram, kernel: Kernel, plan: OnlinePlan, ti: 
                     "        if (lm_nr < 4) for (int lm_ii = 0; lm_ii < lm_nr; lm_ii++) {",  # (a decode step: values read where they are)
         "          if (!lm_live[lm_ii]) continue;",
         f"          for (int lm_dd = 0; lm_dd < {D}; lm_dd++) lm_acc[lm_ii][lm_dd] *= lm_alpha[lm_ii];",
-        f"          for (int lm_jj = 0; lm_jj < {tj}; lm_jj++) {{", f"            {clamp_j}", "            const float lm_w = lm_p[lm_ii][lm_jj];",
+        f"          for (int lm_jj = 0; lm_jj < {tj} && lm_j0 + lm_jj < {N}; lm_jj++) {{", f"            {clamp_j}",
+        "            const float lm_w = lm_p[lm_ii][lm_jj];",
         "            #pragma omp simd", f"            for (long long {d.name} = 0; {d.name} < {D}; {d.name}++) {{"]
     lines, value = emit(plan.value, "              ")
     out += lines + [f"              lm_acc[lm_ii][{d.name}] += lm_w * {value};", "            }", "          }", "        }",
