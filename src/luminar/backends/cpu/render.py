@@ -34,6 +34,26 @@ C_TYPES = {"float32": "float", "float16": "unsigned short", "bfloat16": "unsigne
 # while b > -128 (_dot_operands orders the operands so); a pair sum is at most 2 * 128 * 127 < 2^15.
 # llama.cpp's Q4 x Q8 form: a dot of int16-widened bytes (pmaddwd) on bytes staged through the
 # stack was 1.4x slower (Zen 3).
+#
+# vector variants from glibc's libmvec (what <math.h> declares only under -ffast-math). Not for
+# log2f: its vector variant rounds differently from the scalar one, so a value computed in a
+# vector loop and again in a scalar one compared unequal (amax's gradient tests x == max and
+# found no maximum: 0/0).
+#
+# lm_f16: IEEE half bits to float, by F16C's vcvtph2ps where there is one: gcc's own conversion of
+# a _Float16 is, with AVX512-FP16, a vcvtsh2ss that merges into the register it wrote before, a
+# dependency chain through a loop (a quantized matvec's per-block scales: 2x its time, one
+# Sapphire Rapids core).
+#
+# exp2 as inline arithmetic rather than libmvec's exp2f: that one takes a slow per-lane path for
+# results outside the normal floats (masked attention scores below -126 made a causal softmax
+# ~10x slower), and gcc cannot be kept from calling it on such lanes. 2^x = 2^f * 2^n with n =
+# rint(x), 2^f by a degree-6 polynomial on [-0.5, 0.5] (fitted here; relative error < 8e-8, about
+# 1 ulp). 2^n is split as 2^h * 2^(n-h), h = n clamped to [-125, 127]: 2^h goes into p's exponent
+# bits (p * 2^h stays a normal float), 2^(n-h) is a normal float, and their one product rounds
+# once, so overflow gives inf, underflow 0 and subnormal results are right. NaN stays NaN.
+# (Clamping x to [-251, 254] first costs two ops where range tests and selects cost six: 1.4x
+# the throughput of the previous form with its per-case selects.)
 PRELUDE = f"""\
 #include <math.h>
 #include <stdint.h>
@@ -41,10 +61,7 @@ PRELUDE = f"""\
 #include <string.h>
 #include <omp.h>
 {C_HELPERS}
-/* vector variants from glibc's libmvec (what <math.h> declares only under -ffast-math). Not for
-   log2f: its vector variant rounds differently from the scalar one, so a value computed in a
-   vector loop and again in a scalar one compared unequal (amax's gradient tests x == max and
-   found no maximum: 0/0). */
+/* vector variants from glibc's libmvec (the comment above PRELUDE in luminar/backends/cpu/render.py) */
 extern float exp2f(float) __attribute__((simd("notinbranch")));
 extern float sinf(float) __attribute__((simd("notinbranch")));
 typedef float lm_vec __attribute__((vector_size({4 * cc.VECTOR_LANES})));  /* one SIMD register of floats */
@@ -55,10 +72,7 @@ static inline lm_b16 lm_bytes16(const void *p) {{ lm_b16 v; __builtin_memcpy(&v,
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
-/* lm_f16: IEEE half bits to float, by F16C's vcvtph2ps where there is one: gcc's own conversion of
-   a _Float16 is, with AVX512-FP16, a vcvtsh2ss that merges into the register it wrote before, a
-   dependency chain through a loop (a quantized matvec's per-block scales: 2x its time, one
-   Sapphire Rapids core). */
+/* lm_f16: IEEE half bits to float (the comment above PRELUDE in luminar/backends/cpu/render.py) */
 #ifdef __F16C__
 static inline float lm_f16(unsigned short h) {{ return _cvtsh_ss(h); }}
 #else
@@ -81,15 +95,7 @@ static inline lm_v8 lm_dot16x2(lm_b16 a0, lm_b16 b0, lm_b16 a1, lm_b16 b1, int a
 }}
 static inline float lm_index_float(long long x) {{ return (float)(int)(x >> 24) * 16777216.0f + (float)(int)(x & 0xffffff); }}
 static inline float lm_bf16(unsigned short b) {{ union {{ uint32_t u; float f; }} v = {{ (uint32_t)b << 16 }}; return v.f; }}
-/* exp2 as inline arithmetic rather than libmvec's exp2f: that one takes a slow per-lane path for
-   results outside the normal floats (masked attention scores below -126 made a causal softmax
-   ~10x slower), and gcc cannot be kept from calling it on such lanes. 2^x = 2^f * 2^n with n =
-   rint(x), 2^f by a degree-6 polynomial on [-0.5, 0.5] (fitted here; relative error < 8e-8, about
-   1 ulp). 2^n is split as 2^h * 2^(n-h), h = n clamped to [-125, 127]: 2^h goes into p's exponent
-   bits (p * 2^h stays a normal float), 2^(n-h) is a normal float, and their one product rounds
-   once, so overflow gives inf, underflow 0 and subnormal results are right. NaN stays NaN.
-   (Clamping x to [-251, 254] first costs two ops where range tests and selects cost six: 1.4x
-   the throughput of the previous form with its per-case selects.) */
+/* lm_exp2: 2^x in inline arithmetic (the comment above PRELUDE in luminar/backends/cpu/render.py) */
 static inline float lm_exp2(float x) {{
     const float c = x < -251.0f ? -251.0f : (x > 254.0f ? 254.0f : x);
     const float n = rintf(c), f = c - n;
@@ -192,8 +198,7 @@ class _Emitter:
     def load(self, e: Load) -> str:
         buf = self.program.buffers[e.buffer]
         read = f"b{buf.id}[{e.index.render_c()}]"
-        read = f"{_HALF_READS[buf.dtype]}({read})" if buf.dtype in _HALF_READS else \
-            f"(float){read}" if buf.dtype != "float32" else read
+        read = _READS.get(buf.dtype, "(float){}").format(read)
         return read if e.valid == sym(1) else f"(({e.valid.render_c()}) ? {read} : 0.0f)"
 
     def emit_block(self, e) -> str:
@@ -382,7 +387,7 @@ class _Emitter:
 
 
 INT_RANGES = {"uint8": (0, 255), "int8": (-128, 127)}  # loads of these dtypes are exact integers
-_HALF_READS = {"float16": "lm_f16", "bfloat16": "lm_bf16"}  # 16-bit floats, read as unsigned short bits
+_READS = {"float32": "{}", "float16": "lm_f16({})", "bfloat16": "lm_bf16({})"}  # a load as a float (else a cast)
 _EXACT = 1 << 24  # integers below this in magnitude are exact float32 values
 
 
