@@ -84,8 +84,9 @@ static inline lm_v8 lm_dot16x2(lm_b16 a0, lm_b16 b0, lm_b16 a1, lm_b16 b1, int a
     if (a_signed) {{ b = _mm256_sign_epi8(b, a); a = _mm256_sign_epi8(a, a); }}
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)  /* the same products summed in fours, one instruction */
     return (lm_v8)_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b));
-#endif
+#else
     return (lm_v8)_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+#endif
 #else
     lm_v8 sum = {{0}};  /* the same lanes: byte j of a0 a1 times byte j of b0 b1 into lane j / 4 */
     for (int j = 0; j < 32; j++)  /* (an unsigned a is below 128: the same as a signed char) */
