@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from luminar.backends import BACKENDS
+from luminar.backends.cpu import cc
 from luminar.errors import ShapeError, UnsupportedError, ValueDomainError
 from luminar.graph import Graph
 from luminar.io import quant
@@ -60,8 +61,9 @@ def compiled_int8_linear(x: np.ndarray, qtype: str, parts: dict, shape: tuple, b
     return program, program.run({"x": x, **{f"w_{name}": a for name, a in parts.items()}})["y"]
 
 
-WEIGHTS = np.random.default_rng(0).standard_normal((40, 256)).astype(np.float32) * 0.1
-X = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)  # 8 blocks: a loop (4 unroll)
+# 9 blocks a row: with AVX-512 two groups of four blocks in 64-byte dots and one block alone
+WEIGHTS = np.random.default_rng(0).standard_normal((40, 288)).astype(np.float32) * 0.1
+X = np.random.default_rng(1).standard_normal((3, 288)).astype(np.float32)
 X[1, 32:64] = 0.0  # a block of zeros quantizes to zeros (d = 0)
 
 
@@ -79,6 +81,7 @@ def test_int8_linear_matches_llama_cpp_q8_1_emulation_and_the_reference(qtype):
     # the quantized activations are stored as bytes and multiplied by integer dots
     assert "int8" in [program.kernels.buffers[k.out].dtype for k in program.kernels.kernels]
     assert "+= lm_dot16x2(" in program.source  # (a call in a kernel, not the helper)
+    assert ("lm_dot32((__m512i)" in program.source) == (cc.VECTOR_LANES == 16)
 
 
 def test_q8_0_quants_of_minus_128_multiply_exactly():
@@ -90,13 +93,14 @@ def test_q8_0_quants_of_minus_128_multiply_exactly():
     expected = numpy_int8_linear(X, "Q8_0", parts)
     assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max()
     assert "+= lm_dot16x2(" in program.source  # (a call in a kernel, not the helper)
+    assert ("lm_dot32((__m512i)" in program.source) == (cc.VECTOR_LANES == 16)
 
 
 def test_a_repacked_q6_k_weight_dots_blocks_of_16():
     rng = np.random.default_rng(2)
-    parts = {"scale": (rng.random((40, 16)) * 0.01).astype(np.float32),
-             "quants": rng.integers(-32, 32, (40, 16, 16)).astype(np.int8)}  # as _q6k_as_q8 repacks
-    program, ours = compiled_int8_linear(X, "Q8_0", parts, (40, 256))
+    parts = {"scale": (rng.random((40, 18)) * 0.01).astype(np.float32),
+             "quants": rng.integers(-32, 32, (40, 18, 16)).astype(np.int8)}  # as _q6k_as_q8 repacks
+    program, ours = compiled_int8_linear(X, "Q8_0", parts, (40, 288))
     assert "+= lm_dot16x2(" in program.source
     expected = numpy_int8_linear(X, "Q8_0", parts)
     assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max()

@@ -34,10 +34,11 @@ def cpuinfo() -> str:
         return ""
 
 
-# Floats per SIMD register of the code -march=native gives: 16 with AVX-512, else 8. (A 64-byte
+# Floats per SIMD register of the code -march=native gives: 16 with AVX-512 (F and BW: every
+# AVX-512 CPU but the Xeon Phis, whose 8-lane code is the AVX2 one), else 8. (A 64-byte
 # GCC vector type on an AVX2-only CPU compiles to piecewise code through memory: a matmul
 # micro-kernel ran at 0.6 GFLOP/s where 32-byte vectors reach ~80.)
-VECTOR_LANES = 16 if " avx512f" in cpuinfo() else 8
+VECTOR_LANES = 16 if " avx512f" in cpuinfo() and " avx512bw" in cpuinfo() else 8
 REGISTERS = 32 if VECTOR_LANES == 16 else 16  # vector registers: what a register tile of accumulators may use
 
 
