@@ -96,6 +96,19 @@ def test_q8_0_quants_of_minus_128_multiply_exactly():
     assert ("lm_dot32((__m512i)" in program.source) == (cc.VECTOR_LANES == 16)
 
 
+def test_float16_block_scales_convert_exactly_subnormals_included():
+    """The block scales are converted 16 at a time before a row's dots: row r's scales all share
+    the half exponent field r (0: subnormals), every term is positive (no cancellation), so each
+    output matches the float64 emulation to float32 rounding, whatever its magnitude."""
+    rng = np.random.default_rng(3)
+    exponent = np.arange(31, dtype=np.uint16)[:, None] << 10
+    bits = exponent | rng.integers(1, 1024, (31, 9), dtype=np.uint16)
+    parts = {"scale": bits.view(np.float16), "quants": rng.integers(1, 128, (31, 9, 32)).astype(np.int8)}
+    x = np.abs(X[:1]) + 0.01
+    _, ours = compiled_int8_linear(x, "Q8_0", parts, (31, 288))
+    np.testing.assert_allclose(ours, numpy_int8_linear(x, "Q8_0", parts), rtol=1e-5, atol=0)
+
+
 def test_a_repacked_q6_k_weight_dots_blocks_of_16():
     rng = np.random.default_rng(2)
     parts = {"scale": (rng.random((40, 18)) * 0.01).astype(np.float32),
