@@ -44,7 +44,7 @@ static inline lm_v8 lm_dot16x2(lm_b16 a0, lm_b16 b0, lm_b16 a1, lm_b16 b1, int a
     return sum;
 #endif
 }
-/* four blocks' halves in 64 bytes: lm_dot32 puts block b's sums in lanes 4b..4b+3 (block_dot) */
+/* 2 or 4 blocks' bytes in 64 (block_dot): lm_dot32 sums products in fours, block b's into its lanes */
 typedef float lm_v16 __attribute__((vector_size(64)));
 typedef unsigned char lm_b64 __attribute__((vector_size(64)));
 static inline void lm_f16x16(float *out, const unsigned short *h, long long n) {  /* up to 16 halves */
@@ -71,8 +71,12 @@ static inline __m512i lm_dot32(__m512i a, __m512i b, int a_signed, __m512i sum) 
     return _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
 #endif
 }
-static inline lm_v16 lm_spread4(const float *s) {  /* s[b] into lanes 4b..4b+3 */
+static inline lm_v16 lm_spread4(const float *s) {  /* s[b] into lanes 4b..4b+3, b < 4 */
     return (lm_v16)_mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_castps128_ps512(_mm_loadu_ps(s)));
+}
+static inline lm_v16 lm_spread2(const float *s) {  /* s[b] into lanes 8b..8b+7, b < 2 */
+    const __m128 two = _mm_castpd_ps(_mm_load_sd((const double *)s));
+    return (lm_v16)_mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_castps128_ps512(two));
 }
 #endif
 static inline float lm_index_float(long long x) { return (float)(int)(x >> 24) * 16777216.0f + (float)(int)(x & 0xffffff); }

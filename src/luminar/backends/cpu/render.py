@@ -268,8 +268,8 @@ class _Emitter:
         """Sum over blocks of terms scale * (sum of int8 products over 16 or 32 elements). First a
         vector pass over the row's blocks puts each scale into an array (their float16 loads
         converted 16 at a time) and sums the terms that are no dot (a Q4_1 block's minimum times
-        sum(x)); then the dots, with AVX-512 four blocks per 64-byte lm_dot32s (each block's sums in
-        4 lanes, times its scale spread over them), the rest one per lm_dot16x2 into 8 lanes. Per
+        sum(x)); then the dots, with AVX-512 two or four blocks per 64-byte lm_dot32s (each block's
+        sums in its lanes, times its scale spread over them), the rest one per lm_dot16x2. Per
         block one at a time, the scalar scale arithmetic and the 16-byte ops were the bound: the
         grouped form ran a Q4_1 576x1536 int8 matvec 2.3x as fast (one Sapphire Rapids core)."""
         ind, r, extent, acc = self.indent, e.var.name, e.extent.render_c(), self.fresh("acc")
@@ -294,28 +294,38 @@ class _Emitter:
         return acc
 
     def grouped_dots(self, e: Reduce, terms: list, scales: dict, acc: str) -> int:
-        """The loop over the first blocks in fours (block_dot's AVX-512 form); returns where the
-        rest starts: 0 when an operand's 4 blocks are not at a constant distance."""
-        r, groups, lanes, body = e.var.name, e.extent.value // 4 * 4, self.fresh("dots"), self.child("    ")
-        for k in scales:
-            leaves, pairs, a_signed = terms[k][1]
-            halves = self.block_halves(body, leaves, pairs, e.var)
-            if None in (code for half in halves for code in half):
-                return 0
-            dots = "_mm512_setzero_si512()"
-            for a, b in halves:
-                dots = f"lm_dot32((__m512i){a}, (__m512i){b}, {a_signed}, {dots})"
-            body.lines.append(f"{body.indent}{lanes} += (lm_v16)_mm512_cvtepi32_ps({dots}) * lm_spread4(&{scales[k]}[{r}]);")
-        self.lines += [f"{self.indent}lm_v16 {lanes} = {{0}};", f"{self.indent}for (long long {r} = 0; {r} < {groups}; {r} += 4) {{",
-                       *body.lines, f"{self.indent}}}", f"{self.indent}{acc} += _mm512_reduce_add_ps((__m512){lanes});"]
-        return groups
+        """The loop over the first blocks in groups (block_dot's AVX-512 form); returns where the
+        rest starts. Two blocks per 64-byte load where every operand's 32 bytes a block lie whole
+        and adjacent (Q8_0 against x: no inserts), else four per vector of their 16-byte halves,
+        which lie at a constant distance (a Q4_1 block's nibbles against x's halves); 0 when
+        neither holds."""
+        r = e.var.name
+        for size in (2, 4):
+            lanes, body, spans = self.fresh("dots"), self.child("    "), range(0, 32 if size == 4 else 1, 16)
+            for k in scales:
+                leaves, pairs, a_signed = terms[k][1]
+                halves = [[body.bytes16(factor, leaf.var, offset, (e.var, size)) for factor in pair]
+                          for leaf, pair in zip(leaves, pairs) for offset in spans if offset < leaf.extent.value]
+                if None in (code for half in halves for code in half) or size == 2 and leaves[0].extent.value != 32:
+                    break
+                dots = "_mm512_setzero_si512()"
+                for a, b in halves:
+                    dots = f"lm_dot32((__m512i){a}, (__m512i){b}, {a_signed}, {dots})"
+                body.lines.append(f"{body.indent}{lanes} += (lm_v16)_mm512_cvtepi32_ps({dots}) * lm_spread{size}(&{scales[k]}[{r}]);")
+            else:
+                groups = e.extent.value // size * size
+                self.lines += [f"{self.indent}lm_v16 {lanes} = {{0}};",
+                               f"{self.indent}for (long long {r} = 0; {r} < {groups}; {r} += {size}) {{", *body.lines,
+                               f"{self.indent}}}", f"{self.indent}{acc} += _mm512_reduce_add_ps((__m512){lanes});"]
+                return groups
+        return 0
 
-    def block_halves(self, body: _Emitter, leaves: list, pairs: list, blocks: Var | None = None) -> list:
-        """The operand pairs of a block's 16-element halves as byte vectors: of one block (lm_b16; a
-        zero pair where the block has one half), or of four from `blocks` on (lm_b64)."""
-        halves = [[body.bytes16(factor, leaf.var, offset, blocks) for factor in pair]
+    def block_halves(self, body: _Emitter, leaves: list, pairs: list) -> list:
+        """The operand pairs of a block's 16-element halves as lm_b16 byte vectors (a zero pair
+        where the block has one half)."""
+        halves = [[body.bytes16(factor, leaf.var, offset) for factor in pair]
                   for leaf, pair in zip(leaves, pairs) for offset in range(0, leaf.extent.value, 16)]
-        return halves + [["(lm_b16){0}"] * 2] * (len(halves) == 1 and not blocks)
+        return halves + [["(lm_b16){0}"] * 2] * (len(halves) == 1)
 
     def halves_staged(self, exprs: list, e: Reduce) -> dict:
         """{load: its element of a float array} for the float16 loads of `exprs` at a constant
@@ -333,21 +343,24 @@ class _Emitter:
                 staged[ld] = f"{name}[{step} * {r}]"
         return staged
 
-    def bytes16(self, operand, var: Var, offset: int, blocks: Var | None = None) -> str | None:
+    def bytes16(self, operand, var: Var, offset: int, group: tuple | None = None) -> str | None:
         """16 lanes (`var` = offset, offset + 1, ...) of `operand`, an integer computed from one byte
         load at unit stride along `var`, as an lm_b16 vector: the 16 bytes loaded, then the integer
-        ops that unpack them on all lanes in 8-bit arithmetic. With `blocks`, those of 4 blocks
-        from the current one on in an lm_b64 (their loads at a constant distance along `blocks`).
-        None for another operand."""
+        ops that unpack them on all lanes in 8-bit arithmetic. With `group` (the block Var, 2 or 4)
+        an lm_b64 of the current block and the next: the 64 bytes from here where blocks lie 32
+        bytes apart (2), or these 16 of each of 4 blocks, at a constant distance (4). None for
+        another operand."""
         found = set(loads(operand))
         load = found.pop() if len(found) == 1 else None
-        if load is None or not _fixed(load, self) or stride(load.index, var) != 1 or \
-                (blocks is not None and stride(load.index, blocks) is None):
+        if load is None or not _fixed(load, self) or stride(load.index, var) != 1:
+            return None
+        step = stride(load.index, group[0]) if group else None
+        if group and (step is None or group[1] == 2 and step != 32):
             return None
         vector = self.child("")
-        vector.int_type, name = "lm_b64" if blocks else "lm_b16", vector.fresh("bytes")
+        vector.int_type, name = "lm_b64" if group else "lm_b16", vector.fresh("bytes")
         at = f"&b{self.program.buffers[load.buffer].id}[{load.index.substitute({var.name: sym(offset)}).render_c()}]"
-        read = f"lm_bytes16x4({at}, {stride(load.index, blocks)})" if blocks else f"lm_bytes16({at})"
+        read = f"lm_bytes16x4({at}, {16 if group[1] == 2 else step})" if group else f"lm_bytes16({at})"
         vector.lines.append(f"{vector.indent}const {vector.int_type} {name} = {read};")
         vector.names[("fixed", load)] = _fixed(load, self)._replace(code=name)
         value = vector.fixed(operand)
