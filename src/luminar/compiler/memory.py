@@ -51,5 +51,4 @@ def plan_memory(program: KernelProgram, env: dict[str, int], life: dict[int, tup
         lo, reach = lo[by_start], np.concatenate([[0], np.maximum.accumulate(hi[by_start])])
         gaps = np.flatnonzero(reach[:-1] + sizes[k] <= lo)  # the first gap that fits, else above all
         offsets[k] = reach[gaps[0]] if len(gaps) else reach[-1]
-    placed = [(int(o), int(n), b) for o, n, b in zip(offsets, sizes, order)]
-    return MemoryPlan({b: o for o, _, b in placed}, max((o + n for o, n, _ in placed), default=0))
+    return MemoryPlan({b: int(o) for b, o in zip(order, offsets)}, int((offsets + sizes).max(initial=0)))

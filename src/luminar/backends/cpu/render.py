@@ -20,6 +20,7 @@ from ...compiler.kernels import (TRANSCENDENTAL, Apply, Buffer, Const, Gather, I
                                  Reduce, Select, _ir_exprs, canonical_form, depends_on, digits,
                                  flat_index, loads, numel, rebuild, split_reductions, substitute, walk)
 from ...compiler.online import online_plan
+from ...dtypes import STORAGE
 from ...ops import PRIMITIVES
 from ...symbolic import C_HELPERS, Var, sym
 from . import cc
@@ -207,13 +208,10 @@ class _Emitter:
         row pass is compute-bound (a softmax's exponentials) and the next row's first pass would
         otherwise wait on memory: the hardware prefetcher stops at page boundaries, a 4096-float
         row spans four pages. (Prefetches never fault, so the last row's may point past the end.)"""
-        if self.next_row is None:
-            return []
-        step = {self.next_row.name: self.next_row + 1}
-        ahead = dict.fromkeys(f"b{ld.buffer}[{ld.index.substitute(step).render_c()}]" for ld in loads(e.body)
-                              if stride(ld.index, e.var) == 1 and self.next_row.name in ld.index.vars())
-        r, ind = e.var.name, self.indent + "    "
-        return [f"{ind}for (int l = 0; l < {n}; l += 16) {{ const long long {r} = {r}0 + l; "
+        row, r = self.next_row, e.var.name
+        ahead = dict.fromkeys(f"b{ld.buffer}[{ld.index.substitute({row.name: row + 1}).render_c()}]" for ld in loads(e.body)
+                              if row is not None and stride(ld.index, e.var) == 1 and row.name in ld.index.vars())
+        return [f"{self.indent}    for (int l = 0; l < {n}; l += 16) {{ const long long {r} = {r}0 + l; "
                 f"__builtin_prefetch(&{at}); }}" for at in ahead]
 
     def child(self, indent: str) -> _Emitter:
@@ -231,7 +229,7 @@ class _Emitter:
         block: a Q4_1 576x1536 matvec took 580 us, 135 us with short, on one Zen core)."""
         size, i, ind = leaves[0].extent.value, leaves[0].var.name, self.indent
         vec, acc = self.fresh("vec"), self.fresh("acc")
-        self.lines += [f"{ind}float {acc} = 0.0f, {vec}[{size}] = {{0}};"]
+        self.lines += [f"{ind}float {acc} = 0.0f, {vec}[{size}] = {{0}};"] + (self.rows_ahead(outer) if outer else [])
         if outer is not None:
             self.lines.append(f"{ind}for (long long {outer.var.name} = 0; {outer.var.name} < {outer.extent.render_c()}; "
                               f"{outer.var.name}++) {{")
@@ -274,7 +272,7 @@ class _Emitter:
         grouped form ran a Q4_1 576x1536 int8 matvec 2.3x as fast (one Sapphire Rapids core)."""
         ind, r, extent, acc = self.indent, e.var.name, e.extent.render_c(), self.fresh("acc")
         scales = {k: self.fresh("scale") for k, (_, dot) in enumerate(terms) if dot is not None}
-        self.lines.append(f"{ind}float {acc} = 0.0f{''.join(f', {s}[{extent}]' for s in scales.values())};")
+        self.lines += self.rows_ahead(e) + [f"{ind}float {acc} = 0.0f{''.join(f', {s}[{extent}]' for s in scales.values())};"]
         pre = self.child("    ")
         pre.names.update(self.halves_staged([scale for scale, _ in terms], e))
         for k, (scale, _) in enumerate(terms):
@@ -287,11 +285,26 @@ class _Emitter:
             return acc
         lanes, body = self.fresh("dots"), self.child("    ")
         for k, (_, (leaves, pairs, a_signed)) in ((k, terms[k]) for k in scales):
-            (a0, b0), (a1, b1) = self.block_halves(body, leaves, pairs)
+            halves = [[body.bytes16(factor, leaf.var, offset) for factor in pair]
+                      for leaf, pair in zip(leaves, pairs) for offset in range(0, leaf.extent.value, 16)]
+            (a0, b0), (a1, b1) = halves + [["(lm_b16){0}"] * 2] * (len(halves) == 1)  # (a zero pair: one half)
             body.lines.append(f"{body.indent}{lanes} += lm_dot16x2({a0}, {b0}, {a1}, {b1}, {a_signed}) * {scales[k]}[{r}];")
         self.lines += [f"{ind}lm_v8 {lanes} = {{0}};", f"{ind}for (long long {r} = {start}; {r} < {extent}; {r}++) {{",
                        *body.lines, f"{ind}}}", f"{ind}for (int l = 0; l < 8; l++) {acc} += {lanes}[l];"]
         return acc
+
+    def rows_ahead(self, e: Reduce) -> list[str]:
+        """Prefetches of what `e` reads of the output 4 outputs on (a matvec's weight row), a 64-byte
+        line each: the stream of a memory-bound matvec otherwise waits on each row (Gemma's 178 MB
+        output head: 15 -> 18-20 GB/s on two threads; 4 ahead did best of 2 to 64)."""
+        row, lines = self.next_row, []
+        for ld in dict.fromkeys(ld for ld in loads(e.body) if row is not None and row.name in ld.index.vars()):
+            bound = {v: sym(0) for v in ld.index.vars() - depends_on(e)}  # the reduction's own vars
+            span = ld.index.substitute({**bound, e.var.name: e.extent}) - ld.index.substitute(bound)
+            lines.append(f"{self.indent}for (long long lm_at = 0; lm_at < {span.render_c()}; lm_at += "
+                         f"{64 // STORAGE[self.program.buffers[ld.buffer].dtype].itemsize}) __builtin_prefetch("
+                         f"&b{self.program.buffers[ld.buffer].id}[{ld.index.substitute({**bound, row.name: row + 4}).render_c()} + lm_at]);")
+        return lines
 
     def grouped_dots(self, e: Reduce, terms: list, scales: dict, acc: str) -> int:
         """The loop over the first blocks in groups (block_dot's AVX-512 form); returns where the
@@ -299,7 +312,6 @@ class _Emitter:
         and adjacent (Q8_0 against x: no inserts), else four per vector of their 16-byte halves,
         which lie at a constant distance (a Q4_1 block's nibbles against x's halves); 0 when
         neither holds."""
-        r = e.var.name
         for size in (2, 4):
             lanes, body, spans = self.fresh("dots"), self.child("    "), range(0, 32 if size == 4 else 1, 16)
             for k in scales:
@@ -311,21 +323,14 @@ class _Emitter:
                 dots = "_mm512_setzero_si512()"
                 for a, b in halves:
                     dots = f"lm_dot32((__m512i){a}, (__m512i){b}, {a_signed}, {dots})"
-                body.lines.append(f"{body.indent}{lanes} += (lm_v16)_mm512_cvtepi32_ps({dots}) * lm_spread{size}(&{scales[k]}[{r}]);")
+                body.lines.append(f"{body.indent}{lanes} += (lm_v16)_mm512_cvtepi32_ps({dots}) * lm_spread{size}(&{scales[k]}[{e.var.name}]);")
             else:
                 groups = e.extent.value // size * size
                 self.lines += [f"{self.indent}lm_v16 {lanes} = {{0}};",
-                               f"{self.indent}for (long long {r} = 0; {r} < {groups}; {r} += {size}) {{", *body.lines,
+                               f"{self.indent}for (long long {e.var.name} = 0; {e.var.name} < {groups}; {e.var.name} += {size}) {{", *body.lines,
                                f"{self.indent}}}", f"{self.indent}{acc} += _mm512_reduce_add_ps((__m512){lanes});"]
                 return groups
         return 0
-
-    def block_halves(self, body: _Emitter, leaves: list, pairs: list) -> list:
-        """The operand pairs of a block's 16-element halves as lm_b16 byte vectors (a zero pair
-        where the block has one half)."""
-        halves = [[body.bytes16(factor, leaf.var, offset) for factor in pair]
-                  for leaf, pair in zip(leaves, pairs) for offset in range(0, leaf.extent.value, 16)]
-        return halves + [["(lm_b16){0}"] * 2] * (len(halves) == 1)
 
     def halves_staged(self, exprs: list, e: Reduce) -> dict:
         """{load: its element of a float array} for the float16 loads of `exprs` at a constant
@@ -333,8 +338,7 @@ class _Emitter:
         converted into the array before the loop, 16 at a time (gcc vectorizes no half to float
         conversion itself)."""
         r, staged = e.var.name, {}
-        for ld in dict.fromkeys(ld for x in exprs for ld in loads(x)):
-            step = stride(ld.index, e.var)
+        for ld, step in {ld: stride(ld.index, e.var) for x in exprs for ld in loads(x)}.items():
             if self.program.buffers[ld.buffer].dtype == "float16" and ld.valid == sym(1) and step and 0 < step <= 16:
                 name, n = self.fresh("halves"), f"({step} * ({e.extent.render_c()} - 1) + 1)"
                 first = f"b{self.program.buffers[ld.buffer].id}[{ld.index.substitute({r: sym(0)}).render_c()}]"
@@ -352,10 +356,9 @@ class _Emitter:
         another operand."""
         found = set(loads(operand))
         load = found.pop() if len(found) == 1 else None
-        if load is None or not _fixed(load, self) or stride(load.index, var) != 1:
-            return None
-        step = stride(load.index, group[0]) if group else None
-        if group and (step is None or group[1] == 2 and step != 32):
+        step = stride(load.index, group[0]) if load and group else None  # (bytes from one block to the next)
+        if load is None or not _fixed(load, self) or stride(load.index, var) != 1 or \
+                group and (step is None or group[1] == 2 and step != 32):
             return None
         vector = self.child("")
         vector.int_type, name = "lm_b64" if group else "lm_b16", vector.fresh("bytes")
@@ -578,6 +581,7 @@ def render_loops(program: KernelProgram, kernel: Kernel, schedule: Loops) -> lis
     emitter = _Emitter(program, "        ", threaded_reduce=not kernel.shape and parallel > 0, lanes=schedule.lanes)
     store = f"b{kernel.out}[{flat_index(loop_vars, kernel.shape).render_c()}]"
     if not hoisted:
+        emitter.next_row = loop_vars[-1] if rank else None
         result = emitter.emit(value)
         return lines + [f"    {line}" for line in loops] + ["    {"] + emitter.lines + [f"        {store} = {result};", "    }"]
     inner, reread = loop_vars[-1], {}

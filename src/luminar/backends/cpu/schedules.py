@@ -131,18 +131,15 @@ def default_loops(kernel: Kernel) -> Loops:
     the innermost of an elementwise one (keep it whole for the vectorizer); a matrix-vector
     product (one output row) can only split its columns."""
     rank = len(kernel.shape)
-    has_reduce = any(isinstance(n, Reduce) for n in walk(kernel.value))
+    reduces = [n for n in walk(kernel.value) if isinstance(n, Reduce)]
     if row_values(kernel):  # rows across threads; each row's reductions in vector lanes
         return Loops(parallel=rank - 1, lanes=64)
-    # (a scalar output has no loop to thread; parallel=1 then splits its first reduction)
-    loops = Loops(parallel=max(rank, 1) if has_reduce else max(rank - 1, 1 if rank else 0))
     # a kernel of max reductions only (the absmax of int8-quantized blocks) keeps 16 partial maxima:
     # a max is exact in any order, and one NaN-propagating accumulator was a chain of 4 ops per
     # element (the quantization of SmolLM2's decode step: 1.1 ms -> 0.55 ms, two threads)
-    reduces = [n for n in walk(kernel.value) if isinstance(n, Reduce)]
-    if reduces and all(n.op == "max_reduce" and n.extent.is_const and n.extent.value >= 16 for n in reduces):
-        loops = Loops(parallel=loops.parallel, lanes=16)
-    return loops
+    maxima = reduces and all(n.op == "max_reduce" and n.extent.is_const and n.extent.value >= 16 for n in reduces)
+    # (a scalar output has no loop to thread; parallel=1 then splits its first reduction)
+    return Loops(parallel=max(rank, 1) if reduces else max(rank - 1, 1 if rank else 0), lanes=16 if maxima else 1)
 
 
 def default_schedule(kernel: Kernel) -> Schedule:
