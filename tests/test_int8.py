@@ -151,6 +151,36 @@ def test_int8_dot_fallback_without_avx2_computes_the_same_lanes(tmp_path):
     assert outputs[0] == outputs[1] == expected
 
 
+def test_64_byte_block_dots_with_and_without_vnni_compute_the_same_lanes(tmp_path):
+    """The AVX-512 helpers of grouped block dots (lm_dot32: vpdpbusd, or maddubs without VNNI),
+    over the domain's extremes as above, 64 bytes at a time: lane l sums the products of bytes
+    4l .. 4l + 3 of both pairs."""
+    from luminar.backends.cpu.render import PRELUDE
+    if cc.VECTOR_LANES != 16 or shutil.which(cc.compiler()) is None:
+        pytest.skip("needs AVX-512 (F and BW) and a C compiler")
+    rng = np.random.default_rng(1)
+    cases = []
+    for a_signed, (a_lo, b_lo) in ((1, (-128, -127)), (0, (0, -128))):
+        a, b = rng.integers(a_lo, 128, 128), rng.integers(b_lo, 128, 128)
+        a[:4], b[:4] = [a_lo, a_lo, 127, 127], [b_lo, 127, b_lo, 127]  # the largest products, in one lane
+        cases.append((a_signed, a, b))
+    calls = "".join(
+        f"    {{ const signed char a[128] = {{{', '.join(map(str, a))}}}, b[128] = {{{', '.join(map(str, b))}}};\n"
+        f"      __m512i sum = lm_dot32(_mm512_loadu_si512(a), _mm512_loadu_si512(b), {flag}, _mm512_setzero_si512());\n"
+        f"      lm_v16 lanes = (lm_v16)_mm512_cvtepi32_ps(lm_dot32(_mm512_loadu_si512(a + 64), _mm512_loadu_si512(b + 64), {flag}, sum));\n"
+        f"      for (int l = 0; l < 16; l++) printf(\"%.1f \", lanes[l]); }}\n" for flag, a, b in cases)
+    (tmp_path / "dot.c").write_text(PRELUDE + "\n#include <stdio.h>\nint main(void) {\n" + calls + "    return 0;\n}\n")
+    outputs = []
+    for flags in (["-march=native"], ["-march=native", "-mno-avx512vnni", "-mno-avxvnni"]):
+        exe = tmp_path / f"dot{len(outputs)}"
+        build = subprocess.run([cc.compiler(), "-O2", "-fopenmp", *flags, str(tmp_path / "dot.c"), "-o", str(exe), "-lm"],
+                               capture_output=True, text=True)
+        assert build.returncode == 0, build.stderr[:2000]
+        outputs.append([float(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()])
+    expected = [float(v) for _, a, b in cases for v in (a[:64] * b[:64] + a[64:] * b[64:]).reshape(16, 4).sum(-1)]
+    assert outputs[0] == outputs[1] == expected
+
+
 def test_unsupported_formats_and_shapes_are_clear_errors():
     g = Graph()
     x = g.tensor("x", (1, 64))
