@@ -619,3 +619,11 @@ def test_amax_of_logs_has_torchs_gradient_on_cpu():
     steps = [("unary", 5, (1,)), ("binary", 0, (1, 2)), ("unary", 5, (3,)), ("binary", 0, (0, 0)),
              ("unary", 0, (0,)), ("unary", 16, (4,))]
     grad_check(lambda F, x, y: _fuzz_run(F, steps, [x, y]), rand(3, 4), rand(4, seed=1), backend="cpu")
+
+
+@pytest.mark.skipif("cpu" not in BACKENDS, reason="needs a C compiler")
+def test_amax_of_a_quotient_has_torchs_gradient_on_cpu():
+    """Found by the fuzzer too: amax(x**2 / y) -- its max kernel must not take 16 partial maxima in a
+    vector loop, whose division rounded unlike the scalar one of the kernel comparing x == max."""
+    steps = [("unary", 7, (0,)), ("unary", 0, (0,)), ("binary", 3, (2, 1)), ("binary", 0, (0, 0)), ("unary", 16, (4,))]
+    grad_check(lambda F, x, y: _fuzz_run(F, steps, [x, y]), rand(3, 4), rand(4, seed=1), backend="cpu")

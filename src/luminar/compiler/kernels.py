@@ -387,7 +387,9 @@ class Lowering:
         #   row stays in cache). A node holding row values is inlined only where that loop stays
         #   innermost: read in order by elementwise ops or by a reduction over the last axis.
         # - a node that reads no buffer (index arithmetic: a causal mask) is recomputed up to
-        #   INDEX_ONLY_MAX_OPS ops: a few integer compares cost less than an S x S buffer.
+        #   INDEX_ONLY_MAX_OPS ops: a few integer compares cost less than an S x S buffer;
+        # - a node both maxed and compared (amax's gradient: x == max(x)) gets a buffer: recomputed
+        #   in two kernels, C's reassociation rounded x * x * r differently (no maximum found: 0/0).
         holds_reduce, transcendental, cost, reads = {}, {}, {}, {}
         row_srcs: dict[int, set] = {}  # node id -> the row values it inlines (empty: it holds none)
         for n in self.graph.nodes:
@@ -414,7 +416,7 @@ class Lowering:
             out_of_order = [use for use in n_uses if not _keeps_rows(*use, n)]
             if len(n_uses) > 1 and (holds_reduce[n.id] or cost[n.id] > (RECOMPUTE_MAX_OPS if reads[n.id] else
                                                                         INDEX_ONLY_MAX_OPS)
-                                    or transcendental[n.id] and out_of_order):
+                                    or transcendental[n.id] and out_of_order or {"max_reduce", "less_than"} <= {c.op for c, _ in n_uses}):
                 self.realized.add(n.id)
             elif len(n_uses) == 1 and (holds_reduce[n.id] or transcendental[n.id]) \
                     and _read_more_than_once(n, n_uses) and out_of_order:

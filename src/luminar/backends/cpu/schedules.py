@@ -11,7 +11,7 @@ from functools import cached_property
 from typing import ClassVar, NamedTuple
 
 from ...compiler.analysis import packable_rows, plan_tiles, row_values, stride, vector_body
-from ...compiler.kernels import Kernel, Reduce, loads, walk
+from ...compiler.kernels import Apply, Kernel, Reduce, loads, walk
 from ...compiler.online import online_plan
 from ...symbolic import Expr, sym
 from .cc import VECTOR_LANES
@@ -137,7 +137,11 @@ def default_loops(kernel: Kernel) -> Loops:
     # a kernel of max reductions only (the absmax of int8-quantized blocks) keeps 16 partial maxima:
     # a max is exact in any order, and one NaN-propagating accumulator was a chain of 4 ops per
     # element (the quantization of SmolLM2's decode step: 1.1 ms -> 0.55 ms, two threads)
-    maxima = reduces and all(n.op == "max_reduce" and n.extent.is_const and n.extent.value >= 16 for n in reduces)
+    # (only with add, mul and less_than, which round alike in a vector loop and a scalar one: amax's
+    # gradient compares x == max with x recomputed in another kernel, and a vectorized division
+    # there rounded unlike the scalar one: no maximum found, 0/0)
+    exact = all(n.op in ("add", "mul", "less_than") for n in walk(kernel.value) if isinstance(n, Apply))
+    maxima = exact and reduces and all(n.op == "max_reduce" and n.extent.is_const and n.extent.value >= 16 for n in reduces)
     # (a scalar output has no loop to thread; parallel=1 then splits its first reduction)
     return Loops(parallel=max(rank, 1) if reduces else max(rank - 1, 1 if rank else 0), lanes=16 if maxima else 1)
 
