@@ -119,33 +119,45 @@ def test_a_repacked_q6_k_weight_dots_blocks_of_16():
     assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max()
 
 
+def extreme_dot_cases(seed: int, n: int) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """(a_signed, a, b) over an integer dot's whole domain, the largest products in lane 0: a
+    signed first factor in [-128, 127] against a second in [-127, 127], and an unsigned first one
+    in [0, 127] against a second in [-128, 127]."""
+    rng, cases = np.random.default_rng(seed), []
+    for a_signed, (a_lo, b_lo) in ((1, (-128, -127)), (0, (0, -128))):
+        a, b = rng.integers(a_lo, 128, n), rng.integers(b_lo, 128, n)
+        a[:4], b[:4] = [a_lo, a_lo, 127, 127], [b_lo, 127, b_lo, 127]
+        cases.append((a_signed, a, b))
+    return cases
+
+
+def printed_lanes(tmp_path, calls: str, flag_sets: list[list[str]], skip_unbuildable: bool) -> list[list[float]]:
+    """The floats a C main of `calls` after the PRELUDE prints, built once per set of flags."""
+    from luminar.backends.cpu.render import PRELUDE
+    (tmp_path / "dot.c").write_text(PRELUDE + "\n#include <stdio.h>\nint main(void) {\n" + calls + "    return 0;\n}\n")
+    outputs = []
+    for flags in flag_sets:
+        exe = tmp_path / f"dot{len(outputs)}"
+        build = subprocess.run([cc.compiler(), "-O2", "-fopenmp", *flags, str(tmp_path / "dot.c"), "-o", str(exe), "-lm"],
+                               capture_output=True, text=True)
+        if build.returncode and skip_unbuildable:
+            pytest.skip(f"cannot build for {flags}: {build.stderr[:200]}")
+        assert build.returncode == 0, build.stderr[:2000]
+        outputs.append([float(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()])
+    return outputs
+
+
 def test_int8_dot_fallback_without_avx2_computes_the_same_lanes(tmp_path):
     """The renderer's C helper, built once with AVX2 (maddubs) and once for plain x86-64 (the
-    portable loop), over its whole domain's extremes: a signed first factor in [-128, 127] against
-    a second in [-127, 127], and an unsigned first one in [0, 127] against a second in [-128, 127]."""
-    from luminar.backends.cpu import cc
-    from luminar.backends.cpu.render import PRELUDE
+    portable loop), over its whole domain's extremes (extreme_dot_cases)."""
     if shutil.which(cc.compiler()) is None:
         pytest.skip("no C compiler")
-    rng = np.random.default_rng(0)
-    cases = []
-    for a_signed, (a_lo, b_lo) in ((1, (-128, -127)), (0, (0, -128))):
-        a, b = rng.integers(a_lo, 128, 32), rng.integers(b_lo, 128, 32)
-        a[:4], b[:4] = [a_lo, a_lo, 127, 127], [b_lo, 127, b_lo, 127]  # the largest products, in one lane
-        cases.append((a_signed, a, b))
+    cases = extreme_dot_cases(0, 32)
     calls = "".join(
         f"    {{ const signed char a[32] = {{{', '.join(map(str, a))}}}, b[32] = {{{', '.join(map(str, b))}}};\n"
         f"      lm_v8 lanes = lm_dot16x2(lm_bytes16(a), lm_bytes16(b), lm_bytes16(a + 16), lm_bytes16(b + 16), {flag});\n"
         f"      for (int l = 0; l < 8; l++) printf(\"%.1f \", lanes[l]); }}\n" for flag, a, b in cases)
-    (tmp_path / "dot.c").write_text(PRELUDE + "\n#include <stdio.h>\nint main(void) {\n" + calls + "    return 0;\n}\n")
-    outputs = []
-    for flags in (["-march=native"], ["-march=x86-64", "-mno-avx2"]):
-        exe = tmp_path / f"dot{len(outputs)}"
-        build = subprocess.run([cc.compiler(), "-O2", "-fopenmp", *flags, str(tmp_path / "dot.c"), "-o", str(exe), "-lm"],
-                               capture_output=True, text=True)
-        if build.returncode:
-            pytest.skip(f"cannot build for {flags}: {build.stderr[:200]}")
-        outputs.append([float(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()])
+    outputs = printed_lanes(tmp_path, calls, [["-march=native"], ["-march=x86-64", "-mno-avx2"]], skip_unbuildable=True)
     # lane l of a call: the products of bytes 4l .. 4l + 3 of a = a0 a1 and b = b0 b1
     expected = [float(v) for _, a, b in cases for v in (a * b).reshape(8, 4).sum(-1)]
     assert outputs[0] == outputs[1] == expected
@@ -155,28 +167,16 @@ def test_64_byte_block_dots_with_and_without_vnni_compute_the_same_lanes(tmp_pat
     """The AVX-512 helpers of grouped block dots (lm_dot32: vpdpbusd, or maddubs without VNNI),
     over the domain's extremes as above, 64 bytes at a time: lane l sums the products of bytes
     4l .. 4l + 3 of both pairs."""
-    from luminar.backends.cpu.render import PRELUDE
     if cc.VECTOR_LANES != 16 or shutil.which(cc.compiler()) is None:
         pytest.skip("needs AVX-512 (F and BW) and a C compiler")
-    rng = np.random.default_rng(1)
-    cases = []
-    for a_signed, (a_lo, b_lo) in ((1, (-128, -127)), (0, (0, -128))):
-        a, b = rng.integers(a_lo, 128, 128), rng.integers(b_lo, 128, 128)
-        a[:4], b[:4] = [a_lo, a_lo, 127, 127], [b_lo, 127, b_lo, 127]  # the largest products, in one lane
-        cases.append((a_signed, a, b))
+    cases = extreme_dot_cases(1, 128)
     calls = "".join(
         f"    {{ const signed char a[128] = {{{', '.join(map(str, a))}}}, b[128] = {{{', '.join(map(str, b))}}};\n"
         f"      __m512i sum = lm_dot32(_mm512_loadu_si512(a), _mm512_loadu_si512(b), {flag}, _mm512_setzero_si512());\n"
         f"      lm_v16 lanes = (lm_v16)_mm512_cvtepi32_ps(lm_dot32(_mm512_loadu_si512(a + 64), _mm512_loadu_si512(b + 64), {flag}, sum));\n"
         f"      for (int l = 0; l < 16; l++) printf(\"%.1f \", lanes[l]); }}\n" for flag, a, b in cases)
-    (tmp_path / "dot.c").write_text(PRELUDE + "\n#include <stdio.h>\nint main(void) {\n" + calls + "    return 0;\n}\n")
-    outputs = []
-    for flags in (["-march=native"], ["-march=native", "-mno-avx512vnni", "-mno-avxvnni"]):
-        exe = tmp_path / f"dot{len(outputs)}"
-        build = subprocess.run([cc.compiler(), "-O2", "-fopenmp", *flags, str(tmp_path / "dot.c"), "-o", str(exe), "-lm"],
-                               capture_output=True, text=True)
-        assert build.returncode == 0, build.stderr[:2000]
-        outputs.append([float(v) for v in subprocess.run([str(exe)], capture_output=True, text=True).stdout.split()])
+    outputs = printed_lanes(tmp_path, calls, [["-march=native"], ["-march=native", "-mno-avx512vnni", "-mno-avxvnni"]],
+                            skip_unbuildable=False)
     expected = [float(v) for _, a, b in cases for v in (a[:64] * b[:64] + a[64:] * b[64:]).reshape(16, 4).sum(-1)]
     assert outputs[0] == outputs[1] == expected
 
