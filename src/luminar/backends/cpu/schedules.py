@@ -137,9 +137,9 @@ def default_loops(kernel: Kernel) -> Loops:
     # a kernel of max reductions only (the absmax of int8-quantized blocks) keeps 16 partial maxima:
     # a max is exact in any order, and one NaN-propagating accumulator was a chain of 4 ops per
     # element (the quantization of SmolLM2's decode step: 1.1 ms -> 0.55 ms, two threads)
-    # (only with add, mul and less_than, which round alike in a vector loop and a scalar one: amax's
-    # gradient compares x == max with x recomputed in another kernel, and a vectorized division
-    # there rounded unlike the scalar one: no maximum found, 0/0)
+    # (only over add, mul and less_than: a vectorized sin or log2 may round unlike the scalar one,
+    # and amax's gradient compares x == max with x recomputed in another kernel: a mismatch finds
+    # no maximum, 0/0)
     exact = all(n.op in ("add", "mul", "less_than") for n in walk(kernel.value) if isinstance(n, Apply))
     maxima = exact and reduces and all(n.op == "max_reduce" and n.extent.is_const and n.extent.value >= 16 for n in reduces)
     # (a scalar output has no loop to thread; parallel=1 then splits its first reduction)
