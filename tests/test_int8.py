@@ -193,9 +193,11 @@ def test_unsupported_formats_and_shapes_are_clear_errors():
 
 
 # -- a model -----------------------------------------------------------------------------------------
-def small_model(activations: str, formats=("Q4_1", "Q8_0"), backend: str = "cpu"):
-    """A random-config Llama (2 layers, hidden 160) from GGUF tensors: linear weights in formats[0],
-    the (tied) embedding in formats[1], norms in F32."""
+def small_model(activations: str, formats=("Q4_1", "Q8_0"), backend: str = "cpu", stack: bool = True,
+                v_format: str | None = None):
+    """A random-config Llama (2 layers, hidden 160) from GGUF tensors: linear weights in formats[0]
+    (attn_v in v_format if given), the (tied) embedding in formats[1], norms in F32. stack=False:
+    no weights stacked by rows (Weights.linears)."""
     from luminar.io.gguf import GGUFTensor
     from luminar.models.llama import LlamaConfig, LlamaModel, Weights
     config = LlamaConfig(vocab_size=96, hidden_size=160, intermediate_size=192, num_hidden_layers=2,
@@ -215,9 +217,31 @@ def small_model(activations: str, formats=("Q4_1", "Q8_0"), backend: str = "cpu"
             tensors[name] = GGUFTensor(name, shape, "F32", {"data": 1.0 + 0.1 * values})
         else:
             qtype = formats[1] if name == "token_embd.weight" else formats[0]
+            qtype = v_format if v_format and name.endswith("attn_v.weight") else qtype
             parts = {"data": values} if qtype == "F32" else quantized(values, qtype)
             tensors[name] = GGUFTensor(name, shape, qtype, parts)
-    return LlamaModel(config, Weights.from_gguf(tensors, config), activations=activations, backend=backend)
+    weights = Weights.from_gguf(tensors, config)
+    if not stack:
+        weights._stack = None
+    return LlamaModel(config, weights, activations=activations, backend=backend)
+
+
+@pytest.mark.parametrize("activations", ["float", "int8"])
+def test_linear_layers_of_one_input_stack_by_rows_into_one_matmul(activations):
+    """q, k and v (and gate and up) read one input: weights stored alike are stacked by rows into
+    one weight, so a decode step runs one matvec for them; attn_v stored otherwise stays apart.
+    Each output row is the same dot as before: the logits equal the unstacked model's."""
+    stacked, separate = (small_model(activations, stack=s, v_format="Q8_0") for s in (True, False))
+    inputs = set(stacked.program.graph.inputs)
+    assert {"blk_0_attn_q_attn_k_weight_quants", "blk_0_attn_v_weight_quants",
+            "blk_0_ffn_gate_ffn_up_weight_quants"} <= inputs
+    assert not {"blk_0_attn_q_weight_quants", "blk_0_ffn_up_weight_quants"} & inputs
+    assert "blk_0_attn_q_weight_quants" in separate.program.graph.inputs
+    prompt, steps = [3, 17, 42, 5], [88, 61, 9]
+    caches = [stacked.new_cache(), separate.new_cache()]
+    for ids in [prompt, *([t] for t in steps)]:
+        got, want = (m.forward(ids, c) for m, c in zip((stacked, separate), caches))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
 
 def test_a_model_with_int8_activations_stays_close_to_the_float_model():
@@ -239,7 +263,7 @@ def test_a_model_with_int8_activations_stays_close_to_the_float_model():
 
 
 def test_int8_activations_need_block_quantized_weights():
-    with pytest.raises(UnsupportedError, match="'blk.0.attn_q.weight' is stored as float"):
+    with pytest.raises(UnsupportedError, match=r"'blk.0.attn_q\+attn_k\+attn_v.weight' is stored as float"):
         small_model("int8", formats=("F32", "Q8_0"))
     with pytest.raises(ValueDomainError, match="activations"):
         small_model("int4")

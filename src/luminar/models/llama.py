@@ -400,12 +400,18 @@ class Weights:
     lists the checkpoint's own names and `source(name)` maps a canonical name to one of them, so
     `check_all_used()` can refuse a checkpoint with tensors the model never read (as torch's
     strict load_state_dict does): such a tensor means a feature this loader does not implement.
+    `linears` stacks the weights of layers that share an input (q/k/v, gate/up) into one matmul.
     """
 
     def __init__(self, has: Callable[[str], bool], declare: Callable, shape_of: Callable[[str], tuple],
-                 stored: Sequence[str] = (), source: Callable[[str], str] = lambda name: name):
+                 stored: Sequence[str] = (), source: Callable[[str], str] = lambda name: name,
+                 storage: Callable[[str], object] = lambda name: None, stack: Callable | None = None):
         self.has, self._declare, self.shape_of = has, declare, shape_of
-        self.stored, self.source = list(stored), source
+        # storage(name): what must match for weights to stack by rows (format, dtype, row shape);
+        # stack(g, names, joined): declares the stacked weight like declare (see `linears`)
+        self.storage, self._stack = storage, stack
+        self.stored, self._source = list(stored), source
+        self.stacked: dict[str, list[str]] = {}  # a stacked weight's name -> the names it stacks
         self.arrays: dict[str, np.ndarray] = {}
         self.declared: dict[tuple, GraphTensor] = {}  # a tied weight is declared once
         self.used: set[str] = set()  # stored names consumed, by the graph or by the loader
@@ -417,20 +423,68 @@ class Weights:
     def __call__(self, g: Graph, name: str, shape: tuple) -> GraphTensor:
         """The weight `name` as a graph tensor of `shape` (declared once per graph)."""
         if (id(g), name) not in self.declared:
-            stored = self.source(name)
-            called = repr(name) if stored == name else f"{stored!r} ({name})"
-            if not self.has(name):
-                raise WeightFileError(f"weights: missing tensor {called}")
-            if tuple(self.shape_of(name)) != tuple(shape):
-                raise WeightFileError(f"weights: tensor {called} has shape {tuple(self.shape_of(name))}, "
-                                      f"the config expects {tuple(shape)}")
-            tensor, arrays = self._declare(g, name)
-            if isinstance(tensor, QuantizedWeight):
-                self.quantized[id(g), name], tensor = tensor, tensor.dequantized()
-            self.arrays.update(arrays)
-            self.declared[id(g), name] = tensor
+            self._check(name, shape)
+            self._register(g, name, *self._declare(g, name))
             self.used.add(self.source(name))
         return self.declared[id(g), name]
+
+    def source(self, name: str) -> str:
+        """The checkpoint's name for `name` (a stacked weight: its parts' names joined, see `linears`)."""
+        if name in self.stacked:
+            return _joined_name([self._source(n) for n in self.stacked[name]])
+        return self._source(name)
+
+    def _check(self, name: str, shape: tuple):
+        stored = self.source(name)
+        called = repr(name) if stored == name else f"{stored!r} ({name})"
+        if not self.has(name):
+            raise WeightFileError(f"weights: missing tensor {called}")
+        if tuple(self.shape_of(name)) != tuple(shape):
+            raise WeightFileError(f"weights: tensor {called} has shape {tuple(self.shape_of(name))}, "
+                                  f"the config expects {tuple(shape)}")
+
+    def _register(self, g: Graph, name: str, tensor, arrays: dict[str, np.ndarray]):
+        if isinstance(tensor, QuantizedWeight):
+            self.quantized[id(g), name], tensor = tensor, tensor.dequantized()
+        self.arrays.update(arrays)
+        self.declared[id(g), name] = tensor
+
+    def linears(self, g: Graph, x: GraphTensor, layers: Sequence[tuple[str, int]], n_in: int,
+                bias: bool = False) -> list[GraphTensor]:
+        """The linear layers `layers` ((name, n_out) each: weight name + ".weight", bias name +
+        ".bias") of one input x, as few matmuls as the storage allows: consecutive weights stored
+        alike are stacked by rows into one weight (copied once, at graph building) and the product
+        split back by columns. Each output row is the same dot as before, so results are unchanged;
+        a decode step runs one matvec per stack (q, k and v: one kernel, one parallel region and
+        one pass over x, where there were three)."""
+        for name, n_out in layers:  # (each weight checked by its own name first)
+            self._check(name + ".weight", (n_out, n_in))
+        outputs, group = [], []
+        for i, (name, n_out) in enumerate(layers):
+            group.append((name, n_out))
+            if i + 1 < len(layers) and self._stack is not None and \
+                    self.storage(name + ".weight") == self.storage(layers[i + 1][0] + ".weight"):
+                continue
+            outputs += self._stacked_linear(g, x, group, n_in)
+            group = []
+        return [y + self(g, name + ".bias", (n_out,)) if bias else y for y, (name, n_out) in zip(outputs, layers)]
+
+    def _stacked_linear(self, g: Graph, x: GraphTensor, group: list[tuple[str, int]], n_in: int) -> list[GraphTensor]:
+        names = [name + ".weight" for name, _ in group]
+        if len(group) == 1:
+            return [self.linear(g, x, names[0], (group[0][1], n_in), None)]
+        joined = _joined_name(names)
+        if (id(g), joined) not in self.declared:
+            self._register(g, joined, *self._stack(g, names, joined))
+            self.stacked[joined] = names
+            self.used.update(map(self.source, names))
+        rows = sum(n_out for _, n_out in group)
+        y, begin = self.linear(g, x, joined, (rows, n_in), None), 0
+        outputs = []
+        for _, n_out in group:
+            outputs.append(y.narrow(-1, begin, n_out))
+            begin += n_out
+        return outputs
 
     def linear(self, g: Graph, x: GraphTensor, name: str, shape: tuple, bias: GraphTensor | None) -> GraphTensor:
         """x @ weight.T (+ bias) for the weight `name` of `shape` (n_out, n_in): in float32, or with
@@ -464,8 +518,16 @@ class Weights:
         from ..io.quant import dense
         stored = list(state)
         state, origin = _unfused(state, config) if config is not None else (state, {})
+        stacks = {}  # joined name -> the stacked array (made once for all the model's graphs)
+
+        def stack(g, names, joined):
+            if joined not in stacks:
+                stacks[joined] = np.concatenate([np.asarray(state[n]) for n in names])
+            return dense(g, joined, stacks[joined])
+
         weights = cls(lambda n: n in state, lambda g, n: dense(g, n, state[n]), lambda n: state[n].shape,
-                      stored=stored, source=lambda n: origin.get(n, n))
+                      stored=stored, source=lambda n: origin.get(n, n),
+                      storage=lambda n: (np.asarray(state[n]).dtype, tuple(state[n].shape[1:])), stack=stack)
         # transformers never reads a saved rotary_emb.inv_freq buffer (it recomputes it), nor a tied
         # lm_head that equals the embeddings; a tied one that differs is left unused: an error
         weights.used.update(n for n in stored if n.endswith("rotary_emb.inv_freq"))
@@ -477,15 +539,42 @@ class Weights:
 
     @classmethod
     def from_gguf(cls, tensors: dict, config: LlamaConfig | None = None) -> Weights:
+        from ..io.gguf import GGUFTensor
         from ..io.quant import quantized_weight
         sandwich = config is not None and config.sandwich_norms
         name = lambda n: gguf_name(n, sandwich)  # noqa: E731
+        stacks = {}  # joined name -> the stacked GGUFTensor (made once for all the model's graphs)
+
+        def stack(g, names, joined):
+            if joined not in stacks:
+                parts = [tensors[name(n)] for n in names]
+                stacks[joined] = GGUFTensor(_joined_name([name(n) for n in names]),
+                                            (sum(t.shape[0] for t in parts), *parts[0].shape[1:]), parts[0].qtype,
+                                            {p: np.concatenate([t.parts[p] for t in parts]) for p in parts[0].parts})
+            return quantized_weight(g, stacks[joined].name, stacks[joined])
+
         weights = cls(lambda n: name(n) in tensors, lambda g, n: quantized_weight(g, name(n), tensors[name(n)]),
-                      lambda n: tuple(tensors[name(n)].shape), stored=list(tensors), source=name)
+                      lambda n: tuple(tensors[name(n)].shape), stored=list(tensors), source=name,
+                      storage=lambda n: (tensors[name(n)].qtype, tuple(tensors[name(n)].shape[1:])), stack=stack)
         if "rope_freqs.weight" in tensors:  # llama 3 GGUFs: per-frequency divisors of the RoPE frequencies
             weights.rope_factors = tensors["rope_freqs.weight"].dequantize()
             weights.used.add("rope_freqs.weight")
         return weights
+
+
+def _joined_name(names: Sequence[str]) -> str:
+    """One name for weights stacked together: the shared prefix and suffix around their parts,
+    joined by '+' ("model.layers.0.mlp.gate_proj.weight" and "...up_proj.weight" ->
+    "model.layers.0.mlp.gate_proj+up_proj.weight")."""
+    split = [n.split(".") for n in names]
+    head = 0
+    while all(len(p) > head + 1 and p[head] == split[0][head] for p in split):
+        head += 1
+    tail = 0
+    while all(len(p) > head + tail + 1 and p[-1 - tail] == split[0][-1 - tail] for p in split):
+        tail += 1
+    middles = ["." .join(p[head:len(p) - tail]) for p in split]
+    return ".".join(split[0][:head] + ["+".join(middles)] + split[0][len(split[0]) - tail:])
 
 
 def _unfused(state: dict, config: LlamaConfig) -> tuple[dict, dict]:
@@ -589,9 +678,9 @@ def decoder_stack(g: Graph, c: LlamaConfig, weights: Weights, tokens: GraphTenso
     for layer in range(c.num_hidden_layers):
         p = f"model.layers.{layer}."
         h = norm(x, p + "input_layernorm")
-        q = linear(h, p + "self_attn.q_proj", heads * hd, d, c.attention_bias).reshape(s, heads, hd)
-        k = linear(h, p + "self_attn.k_proj", kv * hd, d, c.attention_bias).reshape(s, kv, hd)
-        v = linear(h, p + "self_attn.v_proj", kv * hd, d, c.attention_bias).reshape(s, kv, hd)
+        q, k, v = weights.linears(g, h, [(p + "self_attn.q_proj", heads * hd), (p + "self_attn.k_proj", kv * hd),
+                                         (p + "self_attn.v_proj", kv * hd)], d, c.attention_bias)
+        q, k, v = q.reshape(s, heads, hd), k.reshape(s, kv, hd), v.reshape(s, kv, hd)
         if c.qk_norm:
             q, k = norm(q, p + "self_attn.q_norm", hd), norm(k, p + "self_attn.k_norm", hd)
         cos, sin = rotation(layer)
@@ -605,8 +694,8 @@ def decoder_stack(g: Graph, c: LlamaConfig, weights: Weights, tokens: GraphTenso
         else:
             x = x + attended
             h = norm(x, p + "post_attention_layernorm")
-        gate = linear(h, p + "mlp.gate_proj", c.intermediate_size, d, c.mlp_bias)
-        up = linear(h, p + "mlp.up_proj", c.intermediate_size, d, c.mlp_bias)
+        gate, up = weights.linears(g, h, [(p + "mlp.gate_proj", c.intermediate_size),
+                                          (p + "mlp.up_proj", c.intermediate_size)], d, c.mlp_bias)
         out = linear(_activation(gate, c.hidden_act) * up, p + "mlp.down_proj", d, c.intermediate_size, c.mlp_bias)
         x = x + (norm(out, p + "post_feedforward_layernorm") if c.sandwich_norms else out)
     x = norm(x, "model.norm")
