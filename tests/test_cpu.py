@@ -490,3 +490,14 @@ def test_thread_chooser_with_one_thread_does_not_touch_openmp():
     used, calls = [], []
     ThreadChooser(1, used.append).run("k", lambda: calls.append(1))
     assert calls == [1] and used == []
+
+
+def test_openmp_threads_spin_longer_before_sleeping_unless_the_user_set_it():
+    """GOMP_SPINCOUNT is set before libgomp loads (see backends/cpu/cc.py), and a value already in
+    the environment wins."""
+    code = "import os, luminar.backends.cpu.cc; print(os.environ['GOMP_SPINCOUNT'])"
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    ours = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    theirs = subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "1000"},
+                            capture_output=True, text=True, check=True)
+    assert (ours.stdout.strip(), theirs.stdout.strip()) == ("3000000", "1000")

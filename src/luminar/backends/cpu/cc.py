@@ -4,8 +4,6 @@ The cache lives in $LUMINAR_CACHE (default ~/.cache/luminar). Writes are atomic 
 temporary name, then rename), so an interrupted build never leaves a half-written entry; an
 entry that fails to load is treated as corrupt and rebuilt once.
 """
-from __future__ import annotations
-
 import ctypes
 import hashlib
 import os
@@ -23,6 +21,14 @@ from ...compiler.target import CompilerError, cache_dir
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fno-trapping-math",
          "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-fopenmp", "-shared", "-fPIC"]
 LIBS = ["-lm"]  # mandatory: vectorized math calls resolve to libmvec
+
+# libgomp's idle threads spin GOMP_SPINCOUNT times, then sleep in the kernel (default 300,000:
+# ~10 ms here). On a shared 2-vCPU VM a sleeping thread's vCPU can take milliseconds to wake, so a
+# one-thread trial of the ThreadChooser (program.py) let the worker sleep, every two-thread trial
+# after it paid the wake and lost, and a decode stayed on one thread (1.6x slower steps in 4 of 9
+# fresh processes, none of 7 with 3,000,000 spins: ~80 ms of spinning after the last parallel
+# region, where an idle process then stops). Read when libgomp loads; the user's setting wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "3000000")
 
 
 def cpuinfo() -> str:
