@@ -314,7 +314,8 @@ def test_attention_block():
 
 def test_llama_gradients_match_transformers():
     """Every weight's gradient through luminar's Llama graph (RoPE, GQA, rms_norm, SiLU MLP,
-    embedding, KV-cache concat, symbolic s/t/r dims) equals transformers' own backward."""
+    embedding, KV-cache concat, symbolic s/t/r dims) equals transformers' own backward; a weight
+    stacked from several (q/k/v, gate/up: Weights.linears) has their gradients stacked."""
     transformers = pytest.importorskip("transformers")
     from luminar.models.llama import LlamaConfig, Weights, build_graph, rope_inv_freq
     torch.manual_seed(0)
@@ -328,7 +329,9 @@ def test_llama_gradients_match_transformers():
     g = build_graph(ours, weights)
     logits = lm.GraphTensor(g, *g.outputs["logits"])
     loss = (logits * g.tensor("cotangent", logits.dims)).sum()
-    for k, gr in enumerate(lm.grad(loss, [weights.declared[id(g), n] for n in names])):
+    declared = [name for graph, name in weights.declared if graph == id(g)]
+    assert sorted(part for name in declared for part in weights.stacked.get(name, [name])) == sorted(names)
+    for k, gr in enumerate(lm.grad(loss, [weights.declared[id(g), n] for n in declared])):
         gr.output(f"grad{k}")
     ids = np.array([3, 17, 99, 5, 64, 2], np.int32)
     cotangent = rand(len(ids), 128)
@@ -338,8 +341,8 @@ def test_llama_gradients_match_transformers():
                                         dims={"r": len(ids)})
     (model(torch.tensor(ids[None].astype(np.int64))).logits[0] * torch.from_numpy(cotangent)).sum().backward()
     params = dict(model.named_parameters())
-    for k, name in enumerate(names):
-        want = params[name].grad.numpy()
+    for k, name in enumerate(declared):
+        want = np.concatenate([params[part].grad.numpy() for part in weights.stacked.get(name, [name])])
         np.testing.assert_allclose(result[f"grad{k}"], want, rtol=1e-4, atol=1e-5 * np.abs(want).max(), err_msg=name)
 
 
