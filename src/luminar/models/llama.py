@@ -37,6 +37,7 @@ the same permutation of each head's dims, and attention's dot products are uncha
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -567,13 +568,9 @@ def _joined_name(names: Sequence[str]) -> str:
     joined by '+' ("model.layers.0.mlp.gate_proj.weight" and "...up_proj.weight" ->
     "model.layers.0.mlp.gate_proj+up_proj.weight")."""
     split = [n.split(".") for n in names]
-    head = 0
-    while all(len(p) > head + 1 and p[head] == split[0][head] for p in split):
-        head += 1
-    tail = 0
-    while all(len(p) > head + tail + 1 and p[-1 - tail] == split[0][-1 - tail] for p in split):
-        tail += 1
-    middles = ["." .join(p[head:len(p) - tail]) for p in split]
+    head = len(os.path.commonprefix(split))  # (of lists: the leading parts all names share)
+    tail = min(len(os.path.commonprefix([p[::-1] for p in split])), min(map(len, split)) - head - 1)
+    middles = [".".join(p[head:len(p) - tail]) for p in split]
     return ".".join(split[0][:head] + ["+".join(middles)] + split[0][len(split[0]) - tail:])
 
 
