@@ -84,6 +84,28 @@ def test_int8_linear_matches_llama_cpp_q8_1_emulation_and_the_reference(qtype):
     assert ("lm_dot32((__m512i)" in program.source) == (cc.VECTOR_LANES == 16)
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_4_bit_weights_meet_x_quantized_half_major_q8_0_block_major(qtype):
+    """A 4-bit weight's bytes hold a block's low halves in their low nibbles: x is quantized as
+    every block's first 16 values, then every block's last 16 (Int8Rows.halves), so four blocks'
+    halves are one 64-byte load (stride 16) where the block-major layout gathers 16 bytes per
+    block. A Q8_0 block meets x's 32 bytes whole: block-major. Both layouts agree with llama.cpp."""
+    g = Graph()
+    rows = quant.quantize_activations(g.tensor("x", X.shape), halves=qtype != "Q8_0")
+    assert rows.halves == (qtype != "Q8_0")
+    assert tuple(rows.values.dims) == ((3, 2, 9, 16) if rows.halves else (3, 9, 32))
+    rows.values.output("q")
+    q = g.compile("cpu").run({"x": X})["q"]
+    d = np.abs(X.astype(np.float64)).reshape(3, 9, 32).max(-1) / 127
+    expected = np.sign(X.reshape(3, 9, 32)) * np.floor(np.abs(X.reshape(3, 9, 32)) / np.where(d > 0, d, 1)[..., None] + 0.5)
+    np.testing.assert_array_equal(q.reshape(3, 2, 9, 16).transpose(0, 2, 1, 3).reshape(3, 9, 32) if rows.halves
+                                  else q, expected)
+    program, ours = compiled_int8_linear(X, qtype, quantized(WEIGHTS, qtype), WEIGHTS.shape)
+    # no operand is gathered 16 bytes per block (lm_bytes16x4 at a stride of 32; x's halves were, for Q4_1)
+    assert [line for line in program.source.splitlines() if "= lm_bytes16x4(" in line and ", 32)" in line] == []
+    assert np.abs(ours - numpy_int8_linear(X, qtype, quantized(WEIGHTS, qtype))).max() <= 1e-5 * np.abs(ours).max()
+
+
 def test_q8_0_quants_of_minus_128_multiply_exactly():
     """A Q8_0 file may hold -128 (gguf's quantizer never writes it): the integer dot takes the
     weight as its sign-carrying first factor, since maddubs' second factor must stay above -128."""

@@ -48,7 +48,7 @@ import luminar as lm
 
 from ..errors import LuminarError, ShapeError, UnsupportedError, ValueDomainError, WeightFileError
 from ..graph import Graph, parse_dim
-from ..io.quant import INT8_FORMATS, QuantizedWeight, int8_linear, quantize_activations
+from ..io.quant import INT8_FORMATS, QuantizedWeight, int8_linear
 from ..tensor import GraphTensor
 from .generate import SamplingParams, Sampler, generate_ids, stop_at
 
@@ -419,7 +419,7 @@ class Weights:
         self.rope_factors: np.ndarray | None = None  # a GGUF's rope_freqs.weight (llama 3 frequency factors)
         self.activations = "float"  # or "int8": linear layers quantize their input per block (int8_linear)
         self.quantized: dict[tuple, QuantizedWeight] = {}  # block-quantized GGUF weights, by (id(graph), name)
-        self.quantized_inputs: dict[int, tuple] = {}  # id(x) -> (x, quantize_activations(x)) (x kept: ids stay unique)
+        self.quantized_inputs: dict[int, tuple] = {}  # id(x) -> (x, its quantizations for int8_linear) (x kept: ids stay unique)
 
     def __call__(self, g: Graph, name: str, shape: tuple) -> GraphTensor:
         """The weight `name` as a graph tensor of `shape` (declared once per graph)."""
@@ -500,9 +500,8 @@ class Weights:
             raise UnsupportedError(f"int8 activations: weight {self.source(name)!r} is stored {stored}; the int8 "
                                    f"dot needs a GGUF block format ({', '.join(INT8_FORMATS)}, or Q5_0 / Q4_K / "
                                    f"Q6_K, which repack into them)")
-        if id(x) not in self.quantized_inputs:  # (q, k and v, gate and up read one input: quantized once)
-            self.quantized_inputs[id(x)] = x, quantize_activations(x)
-        y = int8_linear(x, quantized, self.quantized_inputs[id(x)][1])
+        # (q, k and v, gate and up read one input: quantized once per layout)
+        y = int8_linear(x, quantized, self.quantized_inputs.setdefault(id(x), (x, {}))[1])
         return y if bias is None else y + bias
 
     def check_all_used(self, ignored: Callable[[str], bool] = lambda name: False):
