@@ -501,3 +501,20 @@ def test_openmp_threads_spin_longer_before_sleeping_unless_the_user_set_it():
     theirs = subprocess.run([sys.executable, "-c", code], env={**env, "GOMP_SPINCOUNT": "1000"},
                             capture_output=True, text=True, check=True)
     assert (ours.stdout.strip(), theirs.stdout.strip()) == ("3000000", "1000")
+
+
+def test_a_kernel_with_one_thread_share_runs_unthreaded():
+    """A row norm threads over its rows: with one row (a decode step's) the region would be a fork
+    and a join for one iteration, so its `if` clause also asks for more than one share. The same
+    compiled kernel threads a prompt's rows, and both match torch."""
+    g = lm.Graph()
+    x, w = g.tensor("x", ("s", 4096)), g.tensor("w", (4096,))
+    (x * (x * x).mean(-1, keepdim=True).add(1e-6).rsqrt() * w).output("y")
+    program = g.compile("cpu")
+    pragma = next(line for line in program.source.splitlines() if "#pragma omp parallel for" in line)
+    assert re.search(r"if\(.* >= \d+ && \(lm_dim_s\) > 1\)", pragma), pragma
+    wa = rand(4096)
+    for rows in (1, 16):
+        xa = rand(rows, 4096)
+        expected = torch.nn.functional.rms_norm(torch.from_numpy(xa), (4096,), torch.from_numpy(wa), eps=1e-6)
+        np.testing.assert_allclose(program.run({"x": xa, "w": wa})["y"], expected.numpy(), rtol=1e-5, atol=1e-5)

@@ -934,6 +934,9 @@ class LlamaModel:
         return KVCache(self.config, capacity)
 
     def _check_ids(self, token_ids) -> np.ndarray:
+        if type(token_ids) in (list, tuple) and len(token_ids) == 1 and type(token_ids[0]) is int \
+                and 0 <= token_ids[0] < self.config.vocab_size:  # a decode step's token: no numpy reductions
+            return np.array(token_ids, np.int32)
         ids = np.asarray(token_ids)
         if ids.ndim != 1 or len(ids) == 0 or ids.dtype.kind not in "iu":
             raise ShapeError(f"token ids must be a non-empty 1-D sequence of ints, got {ids.dtype} shape {ids.shape}")

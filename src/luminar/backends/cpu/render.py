@@ -569,10 +569,11 @@ def render_loops(program: KernelProgram, kernel: Kernel, schedule: Loops) -> lis
     value = split_reductions(kernel.value)
     hoisted = row_values(kernel)
     parallel = min(schedule.parallel, rank - 1) if hoisted else schedule.parallel
-    if kernel.shape and parallel:
-        work = numel(kernel.shape) * reduce_work(kernel.value)
+    if kernel.shape and parallel:  # (threaded where there is work enough and more than one thread's share:
+        # a decode step's norm is one row, and a region with one iteration is a fork and join for nothing)
+        work, shares = numel(kernel.shape) * reduce_work(kernel.value), numel(kernel.shape[:min(parallel, rank)])
         lines.append(f"    #pragma omp parallel for collapse({min(parallel, rank)}) "
-                     f"schedule(static) if(({work.render_c()}) >= {PARALLEL_MIN_WORK})")
+                     f"schedule(static) if(({work.render_c()}) >= {PARALLEL_MIN_WORK} && ({shares.render_c()}) > 1)")
     loops = []
     for k, (var, extent) in enumerate(zip(loop_vars, kernel.shape)):
         if schedule.simd and k == rank - 1 and k >= parallel or hoisted and k == rank - 1:
