@@ -378,9 +378,7 @@ def quantize_activations(x: GraphTensor, halves: bool = False) -> Int8Rows:
     amax = absolute(blocks).amax(-1)
     inverse = amax.gt(0.0) * (127.0 / (amax + amax.le(0.0)))  # 0 for a block of zeros
     if halves:  # (..., 2, K/32, 16), each element times its block's inverse
-        rank = len(lead)
-        blocks = x.reshape(*lead, k // 32, 2, 16).permute(*range(rank), rank + 1, rank, rank + 2)
-        scaled = blocks * inverse.unsqueeze(-2).unsqueeze(-1)
+        scaled = x.reshape(*lead, k // 32, 2, 16).transpose(-3, -2) * inverse.unsqueeze(-2).unsqueeze(-1)
     else:
         scaled = blocks * inverse.unsqueeze(-1)
     rounded = scaled + sign(scaled) * 0.5  # (its trunc rounds half away from zero)
@@ -415,8 +413,7 @@ def int8_linear(x: GraphTensor, w: QuantizedWeight, quantized: dict | None = Non
         q = rows.values.reshape(*lead, 1, blocks, size)
         d_per = d.unsqueeze(-1).expand(*lead, k // 32, 32 // size).reshape(*lead, 1, blocks)
         return ((weights * q).sum(-1) * (scale * d_per)).sum(-1)
-    rank = len(lead)  # the nibbles (N, K/32, 2, 16) against the halves, summed over both
-    q = rows.values.permute(*range(rank), rank + 1, rank, rank + 2).unsqueeze(-4)  # (..., 1, K/32, 2, 16)
+    q = rows.values.transpose(-3, -2).unsqueeze(-4)  # (..., 1, K/32, 2, 16) against the nibbles (N, K/32, 2, 16)
     blockwise = (_bit_fields(w.parts["quants"], 2, 4) * q).sum(-1).sum(-1) * (scale * d.unsqueeze(-2))
     # (in the same sum over blocks: one loop, where a second one cost a third of the time)
     minimum = w.parts["min"] if w.qtype == "Q4_1" else scale * -8.0
