@@ -215,6 +215,25 @@ def test_plans_for_rounded_up_dims_are_reused():
     assert model.memory_plan({"b": 9}).arena_bytes > model.memory_plan({"b": 8}).arena_bytes
 
 
+def test_a_dim_that_sizes_no_temp_never_makes_a_new_plan():
+    """A KV cache's length: the cache is an input and no temporary grows with it, so a decode
+    loop keeps one plan (and one thread-count history) however long the cache gets."""
+    g = lm.Graph()
+    x, w, cache = g.tensor("x", ("s", 8)), g.tensor("w", (8, 8)), g.tensor("cache", ("t", 8))
+    h = x @ w  # read by two kernels: a temp of s * 8 floats
+    ((h * cache.amax(0)).sum(-1) + h.amax(-1)).output("y")
+    model = g.compile("cpu")
+    sized = {str(v) for b in model.kernels.buffers if b.kind == "temp" for v in b.numel.vars()}
+    assert sized == {"s"}
+    first = model.memory_plan({"s": 1, "t": 3})
+    assert model.memory_plan({"s": 1, "t": 300}) is first
+    assert model.memory_plan({"s": 64, "t": 3}) is not first
+    for s, t in ((1, 3), (1, 70), (5, 9)):  # and the results stay right across cache lengths
+        xs, ws, cs = rand(s, 8, seed=t), rand(8, 8, seed=s), rand(t, 8, seed=t + 1)
+        hs = xs @ ws
+        np.testing.assert_allclose(model(x=xs, w=ws, cache=cs)["y"], (hs * cs.max(0)).sum(-1) + hs.max(-1), rtol=1e-5)
+
+
 def test_debug_level_prints_kernel_times(monkeypatch, capsys):
     monkeypatch.setenv("LUMINAR_DEBUG", "1")
     g = lm.Graph()

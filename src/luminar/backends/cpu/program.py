@@ -72,8 +72,8 @@ class CPUProgram(Program):
     """A graph compiled to one shared object; calling it runs every kernel in one C call.
 
     LUMINAR_DEBUG=1 prints each call's per-kernel times. `source` is the generated C, `kernels`
-    the kernel IR. Memory plans are kept per dims rounded up to powers of two, so their number
-    stays small (a growing KV cache adds one each time it doubles).
+    the kernel IR. Memory plans are kept per value of the dims that size temps, rounded up to
+    powers of two, so their number stays small (see memory_plan).
     """
     backend = "cpu"
 
@@ -88,7 +88,8 @@ class CPUProgram(Program):
         self.kernels, self.search = self.compiled.kernels, self.compiled.search
         self.choices, self.fusions = self.compiled.choices, self.compiled.fusions
         self.source, self.library = self.compiled.built
-        self.compile_seconds = self.compiled.build_seconds
+        # the dims that size some temp buffer: the only ones a memory plan depends on
+        self._sizing_dims = sorted({v for b in self.kernels.buffers if b.id in self.compiled.lifetimes for v in b.numel.vars()})
         self._run = cc.function(self.library, "lm_run", [ctypes.c_void_p] * 2)
         self._run_profiled = cc.function(self.library, "lm_run_profiled", [ctypes.c_void_p] * 3)
         self.threads = ThreadChooser(cc.function(self.library, "omp_get_max_threads", [], ctypes.c_int)(),
@@ -101,7 +102,7 @@ class CPUProgram(Program):
         self._outputs: dict[str, tuple] = {}  # output name -> (the array the last call returned, its address)
         if self.debug >= 1:
             print(f"[luminar] cpu: {len(self.kernels.kernels)} kernels, shared object ready in "
-                  f"{self.compile_seconds * 1e3:.0f} ms", file=sys.stderr)
+                  f"{self.compiled.build_seconds * 1e3:.0f} ms", file=sys.stderr)
 
     def explain(self) -> str:
         """Text: each kernel's schedule and where it came from (per shape bucket where they
@@ -110,10 +111,12 @@ class CPUProgram(Program):
         return self.compiled.explain()
 
     def memory_plan(self, env: dict[str, int], exact: bool = False) -> MemoryPlan:
-        """The arena layout for these dim values. Calls plan for dims rounded up to a power of two,
-        so a growing KV cache re-plans only when it doubles; `exact` plans for the values given."""
-        bucket = dict(env) if exact else {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()}
-        key = (exact, *(bucket.get(d, 0) for d in self.kernels.dims))
+        """The arena layout for these dim values. Calls plan for the dims that size some temp,
+        rounded up to a power of two; `exact` plans for the values given. A KV cache's length sizes
+        no temp (the cache is an input), so a growing cache never re-plans: a decode graph's ~900
+        temps took ~16 ms to place, and each new plan restarted the thread count's trials."""
+        bucket = dict(env) if exact else {d: 1 << max(int(env[d]) - 1, 0).bit_length() for d in self._sizing_dims}
+        key = (exact, *sorted(bucket.items()))
         if key not in self._plans:  # (never dropped: the buffers' addresses are cached by id(plan))
             self._plans[key] = plan_memory(self.kernels, bucket, life=self.compiled.lifetimes)
         return self._plans[key]

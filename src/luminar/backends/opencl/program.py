@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...compiler import pipeline
-from ...compiler.memory import MemoryPlan, plan_memory
+from ...compiler.memory import MemoryPlan
 from ...compiler.search import nearest_bucket
 from ...program import Program
 from ...errors import InputError
+from ..cpu.program import CPUProgram
 from .device import DeviceError, device, opencl
 from .render import launch
 from .schedules import Split
@@ -107,6 +108,7 @@ class OpenCLProgram(Program):
         self._calls = [(call, [functions[n] for n in call.functions]) for call in built.calls]
         self._scratch = self._split_scratch(built.calls)
         self._plans: dict[tuple, MemoryPlan] = {}
+        self._sizing_dims = sorted({v for b in self.kernels.buffers if b.id in self.compiled.lifetimes for v in b.numel.vars()})
         self._arena, self._arena_bytes = None, 0
         self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device buffer, bytes)
         self._outputs: dict[str, tuple] = {}  # output name -> (device buffer, bytes)
@@ -189,13 +191,9 @@ class OpenCLProgram(Program):
         """Text: each kernel's schedule and where it came from; with search, the candidates."""
         return self.compiled.explain()
 
-    def memory_plan(self, env: dict[str, int], exact: bool = False) -> MemoryPlan:
-        """The arena layout for these dim values (rounded up to powers of two unless `exact`)."""
-        bucket = dict(env) if exact else {d: 1 << max(int(v) - 1, 0).bit_length() for d, v in env.items()}
-        key = (exact, *(bucket.get(d, 0) for d in self.kernels.dims))
-        if key not in self._plans:
-            self._plans[key] = plan_memory(self.kernels, bucket, life=self.compiled.lifetimes)
-        return self._plans[key]
+    # the arena layout for these dim values, kept per value of the dims that size temps (rounded up
+    # to powers of two unless `exact`), as the cpu backend keeps them
+    memory_plan = CPUProgram.memory_plan
 
     def _room(self, held: tuple | None, nbytes: int) -> tuple:
         """(device buffer, its bytes): `held`'s when it is large enough, else a new one."""
