@@ -491,14 +491,16 @@ def kernel_labels(program) -> dict[str, str]:
                           if n.startswith(("blk_", "token_embd", "output"))})
         extents = [str(e.extent) for e in walk(k.value) if isinstance(e, Reduce)]
         reduced = f" Σ{len(extents)} loops" if len(extents) > 3 else (" Σ" + "×".join(extents) if extents else "")
-        if "token_embd" in weights:
-            label = "lm_head matmul (tied Q8_0 embedding)" if str(k.shape[-1]) == "49152" else "embedding lookup"
+        if "token_embd" in weights:  # (a tied head reads the embedding's weights too: a reduction)
+            label = "lm_head matmul (tied embedding)" if extents else "embedding lookup"
         elif any(w.endswith("_norm") for w in weights):
             label = "rms_norm scale (" + ", ".join(weights) + ")"
         elif weights:
             label = "matmul " + "+".join(weights) + f" {shape}"
         elif "k_cache" in inputs:
             label = "attention scores q·K (+RoPE)"
+        elif "k_local" in inputs:
+            label = "sliding-window attention (+RoPE)"
         elif "v_cache" in inputs:
             label = "attention probs·V"
         else:
