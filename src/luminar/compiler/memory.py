@@ -32,6 +32,12 @@ def lifetimes(program: KernelProgram) -> dict[int, tuple[int, int]]:
     return life
 
 
+def sizing_dims(program: KernelProgram, life: dict[int, tuple[int, int]]) -> list[str]:
+    """The dims some temp's size depends on (`life`: the program's `lifetimes`): the only ones a
+    plan varies with. A KV cache's length is none of them (the cache is an input)."""
+    return sorted({v for b in program.buffers if b.id in life for v in b.numel.vars()})
+
+
 def plan_memory(program: KernelProgram, env: dict[str, int], life: dict[int, tuple[int, int]]) -> MemoryPlan:
     """Place every temp (`life`: the program's `lifetimes`) for these dim values. Sizes only grow
     with the dims, so a plan made for larger values is also valid for smaller ones (backends plan

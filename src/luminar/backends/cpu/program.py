@@ -17,7 +17,7 @@ import numpy as np
 
 from ...compiler import pipeline
 from ...compiler.search import nearest_bucket
-from ...compiler.memory import ALIGN, MemoryPlan, plan_memory
+from ...compiler.memory import ALIGN, MemoryPlan, plan_memory, sizing_dims
 from ...program import Program
 from . import cc
 
@@ -59,13 +59,11 @@ class ThreadChooser:
             current = s["time"].get(s["use"], float("inf"))
             better = seconds < SWITCH_MARGIN * current
             # a trial lost by far (all threads 2x faster at prefill) waits much longer for the next
-            s["every"] = 2 if better else min(s["every"] * (16 if seconds > BIG_LOSS * current else 2), 1024)
-            s["next"] = s["every"]
+            s["next"] = s["every"] = 2 if better else min(s["every"] * (16 if seconds > BIG_LOSS * current else 2), 1024)
             if better:
                 s["use"] = other
-        previous = s["time"].get(threads)
-        if not s.pop("cold", False):
-            s["time"][threads] = seconds if previous is None else 0.5 * (previous + seconds)
+        if not s.pop("cold", False):  # a running mean; a count's first sample is its mean
+            s["time"][threads] = 0.5 * (s["time"].get(threads, seconds) + seconds)
 
 
 class CPUProgram(Program):
@@ -88,8 +86,7 @@ class CPUProgram(Program):
         self.kernels, self.search = self.compiled.kernels, self.compiled.search
         self.choices, self.fusions = self.compiled.choices, self.compiled.fusions
         self.source, self.library = self.compiled.built
-        # the dims that size some temp buffer: the only ones a memory plan depends on
-        self._sizing_dims = sorted({v for b in self.kernels.buffers if b.id in self.compiled.lifetimes for v in b.numel.vars()})
+        self._sizing_dims = sizing_dims(self.kernels, self.compiled.lifetimes)
         self._run = cc.function(self.library, "lm_run", [ctypes.c_void_p] * 2)
         self._run_profiled = cc.function(self.library, "lm_run_profiled", [ctypes.c_void_p] * 3)
         self.threads = ThreadChooser(cc.function(self.library, "omp_get_max_threads", [], ctypes.c_int)(),

@@ -30,6 +30,7 @@ import weakref
 import numpy as np
 
 from ...compiler import pipeline
+from ...compiler.memory import sizing_dims
 from ...compiler.search import nearest_bucket
 from ...errors import UnsupportedError
 from ...program import Program
@@ -145,7 +146,7 @@ class CUDAProgram(OpenCLProgram):
         functions = self.device.load(built.cubin.image, sorted({n for call in built.calls for n in call.functions}))
         self._calls = [(call, [functions[n] for n in call.functions]) for call in built.calls]
         self._plans, self._arena, self._arena_bytes = {}, None, 0
-        self._sizing_dims = sorted({v for b in self.kernels.buffers if b.id in self.compiled.lifetimes for v in b.numel.vars()})
+        self._sizing_dims = sizing_dims(self.kernels, self.compiled.lifetimes)
         self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device address, bytes)
         self._outputs: dict[str, tuple] = {}  # output name -> (device address, bytes)
         self._pointers: list[int] = []  # every live device buffer

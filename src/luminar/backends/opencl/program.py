@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...compiler import pipeline
-from ...compiler.memory import MemoryPlan
+from ...compiler.memory import MemoryPlan, sizing_dims
 from ...compiler.search import nearest_bucket
 from ...program import Program
 from ...errors import InputError
@@ -108,7 +108,7 @@ class OpenCLProgram(Program):
         self._calls = [(call, [functions[n] for n in call.functions]) for call in built.calls]
         self._scratch = self._split_scratch(built.calls)
         self._plans: dict[tuple, MemoryPlan] = {}
-        self._sizing_dims = sorted({v for b in self.kernels.buffers if b.id in self.compiled.lifetimes for v in b.numel.vars()})
+        self._sizing_dims = sizing_dims(self.kernels, self.compiled.lifetimes)
         self._arena, self._arena_bytes = None, 0
         self._inputs: dict[str, tuple] = {}  # input name -> (the resident host array or None, device buffer, bytes)
         self._outputs: dict[str, tuple] = {}  # output name -> (device buffer, bytes)
