@@ -351,6 +351,22 @@ def test_row_max_propagates_nan_and_keeps_infinities(where, special):
         np.testing.assert_allclose(program(x=x)["y"], reference.numpy(), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("where", [None, 0, 9, 15, 16, 31])  # every lane position of both halves of a block
+@pytest.mark.parametrize("special", [np.nan, np.inf])
+def test_block_absmax_combines_its_lanes_by_halving_and_keeps_a_nan(where, special):
+    """The absmax of int8 quantization's blocks of 32 keeps 16 partial maxima (and NaNs aside),
+    combined by halving them (log2 steps, vector ops) rather than one after another: the result
+    is numpy's, a NaN in any lane included."""
+    x = rand(3, 4, 32, seed=11) - 0.5
+    if where is not None:
+        x[1, 2, where] = special
+    g = lm.Graph()
+    lm.absolute(g.tensor("x", (3, 4, 32))).amax(-1).output("y")
+    program = g.compile("cpu")
+    assert "lanes=16" in program.explain() and "w -= w / 2" in program.source
+    np.testing.assert_array_equal(program(x=x)["y"], np.abs(x).max(-1))
+
+
 def test_a_convolution_packs_its_window_rows_once_looping_over_their_digits():
     """conv2d lowers to one reduction whose row operand is a padded window of the input (a
     validity test, and index math dividing the row by the width and the step by the kernel

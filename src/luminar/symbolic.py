@@ -191,7 +191,7 @@ class Const(Expr):
         return (self.value, self.value)
 
     def evaluate(self, env):
-        return self.value
+        return self._fields[0]  # (not the property: a decode step evaluates ~130 shape constants)
 
     def __str__(self):
         return str(self.value)

@@ -236,8 +236,6 @@ class GraphTensor:
                  for k, s in enumerate(sizes)]
         return self.broadcast_to(shape)
 
-    def expand_as(self, other): return self.broadcast_to(other.dims)
-
     def reshape(self, *shape) -> GraphTensor:
         """PyTorch reshape (one -1 allowed); a view when strides allow, else a Contiguous copy first."""
         shape = list(_sizes(shape))

@@ -104,13 +104,17 @@ def _collector_relaxed():
     the graph makes hundreds of thousands of small objects that stay alive (expressions, nodes,
     kernels); at the default thresholds the collector rescans that growing heap over and over,
     about a fifth of a warm start. Collections still happen (every 50,000 allocations rather than
-    700), so cyclic garbage stays bounded; the thresholds are restored afterwards."""
+    700), so cyclic garbage stays bounded; the thresholds are restored afterwards, and one full
+    collection then moves what the load made into the oldest generation: left young, it was
+    scanned by the first collection during generation (a 230 ms decode step, int8 SmolLM2 on an
+    AMD EPYC, where the collection at load costs 160-550 ms once)."""
     thresholds = gc.get_threshold()
     gc.set_threshold(50_000, *thresholds[1:])
     try:
         yield
     finally:
         gc.set_threshold(*thresholds)
+        gc.collect()
 
 
 def _read_gguf(path: str):
