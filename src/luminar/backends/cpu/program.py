@@ -139,7 +139,7 @@ class CPUProgram(Program):
         for i in itertools.compress(range(len(current)), map(operator.is_not, current, filled)):
             filled[i], pointers[self._input_buffers[i]] = current[i], current[i].ctypes.data
         for name, buf in kp.outputs.items():
-            shape = tuple(int(d.evaluate(env)) for d in kp.output_shapes[name])
+            shape = tuple([d.evaluate(env) for d in kp.output_shapes[name]])  # (ints: env's are; a list is faster)
             last, address = self._outputs.get(name, (None, 0))
             # Reuse last call's array when nothing else refers to it (only this dict's tuple, `last`
             # and getrefcount's argument): its pages are already mapped, where a fresh large array
