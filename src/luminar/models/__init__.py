@@ -49,8 +49,8 @@ def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None
     compiling). `search` (cpu backend: False, True or a budget in seconds; None defers to
     LUMINAR_SEARCH) turns on the search compiler, whose choices are cached on disk. `activations`
     "int8" (a block-quantized GGUF only) quantizes the linear layers' inputs to int8 for integer
-    dot products, as llama.cpp does: not bit-exact, faster decode on the AMD EPYCs measured but
-    slower on an AMX Xeon (bench/LLM.md; LlamaModel). Other options
+    dot products, as llama.cpp does: not bit-exact, faster decode in bench/LLM.md's runs on
+    an AMD EPYC and an AMX Xeon (LlamaModel). Other options
     go to `Graph.compile`. Missing, corrupt or truncated files raise WeightFileError. `device` is
     another name for `backend` (`load(device="opencl")`, as `luminar chat --device opencl`).
     """
