@@ -351,7 +351,7 @@ def test_row_max_propagates_nan_and_keeps_infinities(where, special):
         np.testing.assert_allclose(program(x=x)["y"], reference.numpy(), rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("where", [None, 0, 9, 15, 16, 31])  # every lane position of both halves of a block
+@pytest.mark.parametrize("where", [None, 0, 9, 15, 16, 31])  # first, middle and last lane of both 16-steps
 @pytest.mark.parametrize("special", [np.nan, np.inf])
 def test_block_absmax_combines_its_lanes_by_halving_and_keeps_a_nan(where, special):
     """The absmax of int8 quantization's blocks of 32 keeps 16 partial maxima (and NaNs aside),

@@ -72,7 +72,7 @@ def load(path=None, backend: str = "cpu", progress: Callable[[str], None] | None
         return load_artifact(path, backend=backend, progress=progress, **compile_options)
     started = time.perf_counter()
     say(f"reading {path}")
-    with _collector_relaxed():
+    with relaxed_collector():
         if os.path.isdir(path):
             config, weights, tokenizer = _read_hf_directory(path)
         else:
@@ -99,7 +99,7 @@ def resolve(path=None) -> str:
 
 
 @contextlib.contextmanager
-def _collector_relaxed():
+def relaxed_collector():
     """Python's cyclic garbage collector runs rarely while a model loads. Building and lowering
     the graph makes hundreds of thousands of small objects that stay alive (expressions, nodes,
     kernels); at the default thresholds the collector rescans that growing heap over and over,
@@ -107,7 +107,8 @@ def _collector_relaxed():
     700), so cyclic garbage stays bounded; the thresholds are restored afterwards, and one full
     collection then moves what the load made into the oldest generation: left young, it was
     scanned by the first collection during generation (a 230 ms decode step, int8 SmolLM2 on an
-    AMD EPYC, where the collection at load costs 160-550 ms once)."""
+    AMD EPYC, where the collection at load costs 160-550 ms once). Exported artifacts load under
+    it too (serve/artifact.load_artifact)."""
     thresholds = gc.get_threshold()
     gc.set_threshold(50_000, *thresholds[1:])
     try:

@@ -85,7 +85,7 @@ class ModelBundle:
 def bundle_from_model(path=None, progress: Callable[[str], None] | None = None) -> ModelBundle:
     """Read a model (a GGUF file, a Hugging Face directory or a name, as models.load takes) and
     build its graphs with the model code."""
-    from ..models import _collector_relaxed, _read_gguf, _read_hf_directory, resolve
+    from ..models import relaxed_collector, _read_gguf, _read_hf_directory, resolve
     from ..models.batched import build_batched_graph
     from ..models.llama import build_graph, rope_inputs
     say = progress or (lambda message: None)
@@ -93,7 +93,7 @@ def bundle_from_model(path=None, progress: Callable[[str], None] | None = None) 
     if not os.path.exists(path):
         raise WeightFileError(f"{path}: no such file or directory")
     say(f"reading {path}")
-    with _collector_relaxed():
+    with relaxed_collector():
         config, weights, tokenizer = (_read_hf_directory if os.path.isdir(path) else _read_gguf)(path)
         graphs = {"step": build_graph(config, weights)}
         if not config.has_sliding:
@@ -358,7 +358,9 @@ def load_artifact(path, backend: str = "cpu", progress: Callable[[str], None] | 
     added = install_tuning(bundle.tuning)
     say(f"read {path} in {time.perf_counter() - started:.1f} s ({len(bundle.arrays)} tensors, "
         f"{added} tuning entries added to the cache)")
-    return bundle.model(backend, progress=say, **compile_options)
+    from ..models import relaxed_collector
+    with relaxed_collector():  # (as models.load: compiling is not rescanned, generation is not paused)
+        return bundle.model(backend, progress=say, **compile_options)
 
 
 def export(model=None, path="model.luminar", progress: Callable[[str], None] | None = None,
