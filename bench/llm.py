@@ -550,7 +550,7 @@ def profile_luminar(lum: Luminar, chat_ids: list[int], prefill_ids: list[int], s
 
     decode = profile(m.program, step, steps)
     decode["context_tokens"] = cache.tokens - steps
-    prefill = profile(m.program, lambda: lum.prefill(prefill_ids))
+    prefill = profile(m.prefill_program or m.program, lambda: lum.prefill(prefill_ids))  # (prompts: their own program)
     return {"decode_step": decode, f"prefill_{len(prefill_ids)}": prefill}
 
 

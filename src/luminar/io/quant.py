@@ -385,6 +385,35 @@ def quantize_activations(x: GraphTensor, halves: bool = False) -> Int8Rows:
     return Int8Rows(trunc(rounded.fmod(128.0)), amax * (1.0 / 127.0), halves)
 
 
+def block_linear(x: GraphTensor, w: QuantizedWeight) -> GraphTensor:
+    """x @ w.T in float32 for a Q8_0, Q4_0 or Q4_1 weight (N, K), a block at a time: the dot of x's
+    block with the block's integers, times the block's scale, plus for Q4_0 / Q4_1 the block's
+    minimum times the sum of x's block. The same sum as `x @ w.dequantized().T`, in another order
+    (rounding differs by about 1e-7 relative); the CPU backend renders it as float lanes scaled
+    once per block, without dequantizing each weight: a Q4_1 3072 x 576 matvec 1.5x as fast (one
+    thread, a C harness of both forms). For matrix-vector products only: a tiled matmul reuses the
+    dequantized weight across rows, which this form has no place for."""
+    _check_inner("block_linear", x, w)
+    lead, k, scale = x.dims[:-1], w.shape[1], w.parts["scale"]
+    if w.qtype == "Q8_0":
+        size = w.parts["quants"].dims[-1]  # (32; 16 for a repacked Q6_K)
+        return ((w.parts["quants"] * x.reshape(*lead, 1, k // size, size)).sum(-1) * scale).sum(-1)
+    halves = x.reshape(*lead, 1, k // 32, 2, 16)  # against the nibbles (N, K/32, 2, 16)
+    blockwise = (_bit_fields(w.parts["quants"], 2, 4) * halves).sum(-1).sum(-1) * scale
+    minimum = w.parts["min"] if w.qtype == "Q4_1" else scale * -8.0
+    return (blockwise + minimum * x.reshape(*lead, 1, k // 32, 32).sum(-1)).sum(-1)
+
+
+def _check_inner(caller: str, x: GraphTensor, w: QuantizedWeight):
+    if w.qtype not in INT8_FORMATS:
+        raise UnsupportedError(f"{caller}: weight format {w.qtype} has no block dot "
+                               f"(supported: {', '.join(INT8_FORMATS)} and the formats repacked into them)")
+    n, k = w.shape
+    if k % 32 or x.dims[-1] != k:
+        raise ShapeError(f"{caller}: input {tuple(x.dims)} against weight {w.shape}: the inner size must "
+                         f"match and be a multiple of 32")
+
+
 def int8_linear(x: GraphTensor, w: QuantizedWeight, quantized: dict | None = None) -> GraphTensor:
     """x @ w.T with x's rows quantized to int8 (quantize_activations) and w a Q8_0, Q4_0 or Q4_1
     weight (N, K): per block, the sum of integer products (exact in float32) times both scales,
@@ -393,13 +422,8 @@ def int8_linear(x: GraphTensor, w: QuantizedWeight, quantized: dict | None = Non
     to 8 bits per block (a relative error of about 1/254 of the block's largest value).
     `quantized`: x's quantizations made before, by layout (halves: Int8Rows), which this call
     uses or adds to (q, k and v read one input: it is quantized once)."""
-    if w.qtype not in INT8_FORMATS:
-        raise UnsupportedError(f"int8_linear: weight format {w.qtype} has no int8 dot "
-                               f"(supported: {', '.join(INT8_FORMATS)} and the formats repacked into them)")
-    n, k = w.shape
-    if k % 32 or x.dims[-1] != k:
-        raise ShapeError(f"int8_linear: input {tuple(x.dims)} against weight {w.shape}: the inner size must "
-                         f"match and be a multiple of 32")
+    _check_inner("int8_linear", x, w)
+    k = w.shape[1]
     quantized = {} if quantized is None else quantized
     halves = w.qtype != "Q8_0"  # (a Q8_0 block's 32 bytes meet x's 32 of the block-major layout whole)
     if halves not in quantized:

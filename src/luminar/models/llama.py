@@ -48,7 +48,7 @@ import luminar as lm
 
 from ..errors import LuminarError, ShapeError, UnsupportedError, ValueDomainError, WeightFileError
 from ..graph import Graph, parse_dim
-from ..io.quant import INT8_FORMATS, QuantizedWeight, int8_linear
+from ..io.quant import INT8_FORMATS, QuantizedWeight, block_linear, int8_linear
 from ..tensor import GraphTensor
 from .generate import SamplingParams, Sampler, generate_ids, stop_at
 
@@ -418,6 +418,10 @@ class Weights:
         self.used: set[str] = set()  # stored names consumed, by the graph or by the loader
         self.rope_factors: np.ndarray | None = None  # a GGUF's rope_freqs.weight (llama 3 frequency factors)
         self.activations = "float"  # or "int8": linear layers quantize their input per block (int8_linear)
+        # float linear layers of block-quantized weights as block dots (quant.block_linear): the
+        # faster matvec of a one-token step; a prompt's tiled matmuls need the dequantized weight
+        self.block_dots = False
+        self.block_linears = 0  # how many layers took the block form (0: the graph is the plain one)
         self.quantized: dict[tuple, QuantizedWeight] = {}  # block-quantized GGUF weights, by (id(graph), name)
         self.quantized_inputs: dict[int, tuple] = {}  # id(x) -> (x, its quantizations for int8_linear) (x kept: ids stay unique)
 
@@ -492,9 +496,16 @@ class Weights:
         `activations` "int8" by integer dots on the int8-quantized rows of x (io/quant.int8_linear:
         llama.cpp's Q8_1 activations), which needs a block-quantized GGUF weight."""
         weight = self(g, name, shape)
+        quantized = self.quantized.get((id(g), name))
+        # (not for an x made by a Contiguous, a reshaped permuted view: attention's heads reach the
+        # kernel through their source's index, whose division by the head size splits the loop over blocks)
+        if self.activations == "float" and self.block_dots and quantized is not None and \
+                quantized.qtype in ("Q4_0", "Q4_1") and x.node.op != "contiguous":
+            self.block_linears += 1
+            y = block_linear(x, quantized)
+            return y if bias is None else y + bias
         if self.activations == "float":
             return lm.linear(x, weight, bias)
-        quantized = self.quantized.get((id(g), name))
         if quantized is None or quantized.qtype not in INT8_FORMATS:
             stored = f"as {quantized.qtype}" if quantized else "as float (not block-quantized)"
             raise UnsupportedError(f"int8 activations: weight {self.source(name)!r} is stored {stored}; the int8 "
@@ -870,23 +881,28 @@ class LlamaModel:
         """`activations` "int8" quantizes each linear layer's input rows to int8 per block of 32 and
         multiplies by integer dots (Weights.linear; faster decode on some CPUs, not exact: logits move by about
         1e-2) in one-token steps, while prompts (more than one token) run a float32 program; the
-        default "float" computes everything in float32."""
+        default "float" computes everything in float32, on the CPU backend with Q4_0 / Q4_1 weights
+        as block dots in one-token steps (quant.block_linear: the same products summed in another
+        order) and the dequantizing tiled matmuls for prompts, again two programs."""
         if activations not in ("float", "int8"):
             raise ValueDomainError(f"LlamaModel: activations must be 'float' or 'int8', got {activations!r}")
         self.config, self.tokenizer, self.backend = config, tokenizer, backend
         say = progress or (lambda message: None)
         started = time.perf_counter()
-        weights.activations = activations
+        # (block dots on the CPU backend, whose renderer scales a block's float lanes once; the GPU
+        # backends' matvecs are not compute-bound on dequantization: they keep one program)
+        weights.activations, weights.block_dots = activations, backend == "cpu"
         graph = build_graph(config, weights)
         weights.check_all_used()
         say(f"built the graph ({len(graph.nodes):,} nodes) in {time.perf_counter() - started:.1f} s; "
             f"compiling for {backend}...")
-        self.prefill_program = None  # (int8 activations: the float32 program that runs prompts)
-        if activations == "int8":
-            # A prompt stays float32: its tiled matmuls reuse each weight across the rows, which
-            # integer dots row by row do not (a 512-token prefill took several times as long); the programs
-            # share the weights' arrays and the cache layout, so decode steps continue its cache.
-            weights.activations = "float"
+        self.prefill_program = None  # (block dots or int8 activations: the program that runs prompts)
+        if activations == "int8" or weights.block_linears:
+            # A prompt runs the plain float32 graph: its tiled matmuls reuse each dequantized weight
+            # across the rows, which dots row by row do not (a 512-token prefill took several times
+            # as long with integer dots); the programs share the weights' arrays and the cache
+            # layout, so decode steps continue its cache.
+            weights.activations, weights.block_dots = "float", False
             prompts = build_graph(config, weights)
             self._compile(prompts, {**weights.arrays, **rope_inputs(config, weights, prompts)}, say, dict(compile_options))
             self.prefill_program = self.program

@@ -85,7 +85,7 @@ class _Emitter:
         elif isinstance(e, Apply) and e.op == "exp2":
             code = f"lm_exp2({self.emit(e.args[0])})"
         elif isinstance(e, Apply) and e.op in ("add", "sum_reduce") and len(_vector_leaves(e) or ()) > 1:
-            code = self.sum_in_vector(_vector_leaves(e))
+            code = self.sum_in_vector([(None, _vector_leaves(e))])
         elif isinstance(e, Apply) and e.op == "mod" and (fixed := self.fixed(e)):
             code = f"(float){fixed.code}" + (f" * {render_float(2.0 ** -fixed.k)}" if fixed.k else "")
         elif isinstance(e, Apply):
@@ -155,7 +155,7 @@ class _Emitter:
         if e.op == "sum_reduce" and not self.threaded_reduce and e not in self.stash and (terms := _block_dot(e, self)):
             return self.block_dot(e, terms)
         if e.op == "sum_reduce" and not self.threaded_reduce and _vector_leaves(e.body) and e not in self.stash:
-            return self.sum_in_vector(_vector_leaves(e.body), e)
+            return self.sum_in_vector([(None, _vector_leaves(e.body))], e)
         acc = self.fresh("acc")
         self.lines.append(f"{self.indent}float {acc} = {render_float(prim.identity)};")
         if self.threaded_reduce:
@@ -222,17 +222,20 @@ class _Emitter:
         its lines after use)."""
         return _Emitter(self.program, self.indent + indent, lanes=self.lanes, names=self.names, count=self.count)
 
-    def sum_in_vector(self, leaves: list, outer: Reduce | None = None) -> str:
+    def sum_in_vector(self, groups: list, outer: Reduce | None = None, acc: str | None = None) -> str:
         """Sums over L elements added up (a split reduction: a quantized block's halves), and with
         `outer` summed over blocks, as one `omp simd` loop of L lanes (inside the loop over blocks),
-        each lane keeping its own partial sum: no horizontal sum per block. Integer loads of the
+        each lane keeping its own partial sum: no horizontal sum per block. `groups`: (scale, leaves),
+        the leaves of a group added, then multiplied by its scale, a C expression (block_dot's float
+        dots; None: not scaled), into `acc` if given (declared before). Integer loads of the
         lane loop are staged into an integer array first: a byte in the loop makes gcc pick 16-byte
         vectors for all of it. The array is of int with AVX-512; with AVX2 int staging made gcc
         build each 32-byte vector from two 16-byte stack stores (a store-forwarding stall per
         block: a Q4_1 576x1536 matvec took 580 us, 135 us with short, on one Zen core)."""
+        leaves = [leaf for _, group in groups for leaf in group]
         size, i, ind = leaves[0].extent.value, leaves[0].var.name, self.indent
-        vec, acc = self.fresh("vec"), self.fresh("acc")
-        self.lines += [f"{ind}float {acc} = 0.0f, {vec}[{size}] = {{0}};"] + (self.rows_ahead(outer) if outer else [])
+        vec, declare, acc = self.fresh("vec"), acc is None, acc or self.fresh("acc")
+        self.lines += [f"{ind}float {f'{acc} = 0.0f, ' * declare}{vec}[{size}] = {{0}};"] + (self.rows_ahead(outer) if outer and declare else [])
         if outer is not None:
             self.lines.append(f"{ind}for (long long {outer.var.name} = 0; {outer.var.name} < {outer.extent.render_c()}; "
                               f"{outer.var.name}++) {{")
@@ -258,15 +261,17 @@ class _Emitter:
         inner = body.child("    ")
         for ld, form in staged.items():
             inner.names[("fixed", ld)], inner.names[ld] = form, f"(float){form.code}"
-        values = [inner.emit(leaf.body) for leaf in leaves]
-        body.lines += inner.lines + [f"{inner.indent}{vec}[{i}] += {' + '.join(values)};", f"{body.indent}}}"]
+        sums = [(scale, " + ".join(inner.emit(leaf.body) for leaf in group)) for scale, group in groups]
+        total = " + ".join(f"{scale} * ({values})" if scale else values for scale, values in sums)
+        body.lines += inner.lines + [f"{inner.indent}{vec}[{i}] += {total};", f"{body.indent}}}"]
         self.lines += body.lines + ([f"{ind}}}"] if outer is not None else [])
         self.lines += [f"{ind}#pragma omp simd reduction(+:{acc})",  # a tree of vector adds, not a chain
                        f"{ind}for (int l = 0; l < {size}; l++) {acc} += {vec}[l];"]
         return acc
 
     def block_dot(self, e: Reduce, terms: list) -> str:
-        """Sum over blocks of terms scale * (sum of int8 products over 16 or 32 elements). First a
+        """Sum over blocks of terms scale * (sum of int8 products over 16 or 32 elements), or of float
+        products over 8 to 64 (quant.block_linear: each block's lanes scaled once, sum_in_vector). First a
         vector pass over the row's blocks puts each scale into an array (their float16 loads
         converted 16 at a time) and sums the terms that are no dot (a Q4_1 block's minimum times
         sum(x)); then the dots, with AVX-512 two or four blocks per 64-byte lm_dot32s (each block's
@@ -283,6 +288,8 @@ class _Emitter:
             pre.lines.append(f"{pre.indent}{scales[k]}[{r}] = {value};" if k in scales else f"{pre.indent}{acc} += {value};")
         self.lines += [f"{ind}#pragma omp simd reduction(+:{acc})", f"{ind}for (long long {r} = 0; {r} < {extent}; {r}++) {{",
                        *pre.lines, f"{ind}}}"]
+        if any(terms[k][1][1] is None for k in scales):  # float dots: each block's lanes scaled once
+            return self.sum_in_vector([(f"{scales[k]}[{r}]", terms[k][1][0]) for k in scales], e, acc)
         start = self.grouped_dots(e, terms, scales, acc) if cc.VECTOR_LANES == 16 and e.extent.is_const and e.extent.value >= 4 else 0
         if start == e.extent.value:
             return acc
@@ -485,20 +492,19 @@ def _vector_leaves(body) -> list | None:
 
 def _block_dot(e: Reduce, em: _Emitter) -> list[tuple[object, tuple | None]] | None:
     """[(scale, dot)] when `e` sums over blocks a sum of terms `scale * dot`, dot (leaves, ordered
-    factor pairs, a_signed) per _integer_dot, or None for a term that is no integer dot (at least
-    one is): what _Emitter.block_dot renders; else None."""
+    factor pairs, a_signed) per _integer_dot, (leaves, None, None) for a float dot (a sum of float
+    products: quant.block_linear), or None for a term that is no dot (at least one is): what
+    _Emitter.block_dot renders; else None."""
     found, scratch = [], em.child("")  # (the checks' named values are dropped)
     for term in _summands(e.body):
         found.append((term, None))  # (a term that is no integer dot: a Q4_1 block's minimum times sum(q))
         for dot, scale in ((term.args, term.args[::-1]) if isinstance(term, Apply) and term.op == "mul" else ()):
-            leaves = _vector_leaves(dot)
-            form = leaves and _integer_dot(leaves, scratch)
-            if form:
-                found[-1] = (scale, (leaves, *form))
+            if leaves := _vector_leaves(dot):  # (an integer dot's factor pairs and a_signed; None, None for a float dot)
+                found[-1] = (scale, (leaves, *(_integer_dot(leaves, scratch) or (None, None))))
                 break
-    rest = [term for term, dot in found if dot is None]
-    return found if len(rest) < len(found) and not any(isinstance(n, (Reduce, Gather)) for t in rest for n in walk(t)) \
-        else None
+    rest, dots = [term for term, dot in found if dot is None], [dot for _, dot in found if dot is not None]
+    one_loop = len(dots) == 1 or all(pairs is not None for _, pairs, _ in dots)  # (float dots share one lane loop)
+    return found if dots and one_loop and not any(isinstance(n, (Reduce, Gather)) for t in rest for n in walk(t)) else None
 
 
 def _integer_dot(leaves: list, em: _Emitter) -> tuple[list, int] | None:
@@ -708,9 +714,7 @@ def render_tiled(program: KernelProgram, kernel: Kernel, plan: TilePlan, s: Tile
     out += _store_tile(program, kernel, plan, ti, tj)
     out.append("      }")
     out += ["    }"] * depth
-    if npan:
-        out.append("    free(pan);")
-    out.append("    }")
+    out += ["    free(pan);"] * bool(npan) + ["    }"]
     return out + ["    free(rowbuf);"] * bool(row_names) + ["    free(panbuf);"] * bool(panel_names)
 
 
