@@ -1,8 +1,10 @@
-"""One matvec, int8 activations against float32: the CPU kernel times (LUMINAR_DEBUG's per-kernel
-profile, summed over the program's kernels: the activation quantization included) of
-`quant.int8_linear` and of the float fused dequantize-matmul on the same synthetic Q4_1 / Q8_0
-weights, five interleaved rounds of 50 calls, medians; and the largest relative difference of
-their outputs (the int8 rounding of x).
+"""One matvec three ways: the CPU kernel times (LUMINAR_DEBUG's per-kernel profile, summed over the
+program's kernels: the activation quantization or x's block sums included) of the float fused
+dequantize-matmul (`x @ w.dequantized().T`, what prompts run), of `quant.block_linear` (float
+block dots, what a decode step runs for Q4 weights) and of `quant.int8_linear` (int8 activations)
+on the same synthetic Q4_1 / Q8_0 weights, five interleaved rounds of 50 calls, medians; and the
+largest relative difference of the block and int8 outputs from the dequantizing one (float
+rounding, and the int8 rounding of x).
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python bench/int8_matvec.py
 
@@ -22,7 +24,9 @@ import numpy as np
 from luminar.graph import Graph
 from luminar.io import quant
 
-SHAPES = [("Q4_1", 576, 1536, 32), ("Q4_1", 1536, 576, 32), ("Q8_0", 49152, 576, 32), ("Q8_0", 640, 2048, 16)]
+SHAPES = [("Q4_1", 3072, 576, 32), ("Q4_1", 576, 1536, 32), ("Q4_1", 1536, 576, 32), ("Q8_0", 49152, 576, 32),
+          ("Q8_0", 640, 2048, 16)]
+MODES = ("float", "block", "int8")
 ROUNDS, CALLS = 5, 50
 
 
@@ -38,14 +42,15 @@ def synthetic_parts(rng, qtype: str, n: int, k: int, size: int) -> dict[str, np.
     return parts
 
 
-def compiled(int8: bool, qtype: str, parts: dict, x: np.ndarray):
-    """(program, feeds) of y = x @ w.T, with int8 activations or the float fused path."""
+def compiled(mode: str, qtype: str, parts: dict, x: np.ndarray):
+    """(program, feeds) of y = x @ w.T: `mode` one of MODES."""
     n, k = parts["scale"].shape[0], x.shape[1]
     g = Graph()
     xs = g.tensor("x", x.shape)
     inputs = {name: g.tensor(f"w_{name}", a.shape, quant._STORAGE[a.dtype]) for name, a in parts.items()}
     weight = quant.QuantizedWeight(qtype, inputs, (n, k))
-    (quant.int8_linear(xs, weight) if int8 else xs @ weight.dequantized().T).output("y")
+    products = {"int8": quant.int8_linear, "block": quant.block_linear}
+    (products[mode](xs, weight) if mode in products else xs @ weight.dequantized().T).output("y")
     return g.compile("cpu"), {"x": x, **{f"w_{name}": a for name, a in parts.items()}}
 
 
@@ -70,16 +75,19 @@ def main():
     rng = np.random.default_rng(0)
     for qtype, n, k, size in SHAPES:
         parts, x = synthetic_parts(rng, qtype, n, k, size), rng.standard_normal((1, k)).astype(np.float32)
-        programs = {mode: compiled(mode == "int8", qtype, parts, x) for mode in ("float", "int8")}
+        programs = {mode: compiled(mode, qtype, parts, x) for mode in MODES}
         outputs = {mode: program.run(feeds)["y"] for mode, (program, feeds) in programs.items()}
         times = {mode: [] for mode in programs}
         for _ in range(ROUNDS):
             for mode, (program, feeds) in programs.items():
                 times[mode].append(kernel_microseconds(program, feeds))
         median = {mode: statistics.median(t) for mode, t in times.items()}
-        diff = float(np.abs(outputs["int8"] - outputs["float"]).max() / np.abs(outputs["float"]).max())
-        print(f"{qtype} {n}x{k} (blocks of {size}): float {median['float']:.0f} us, int8 {median['int8']:.0f} us, "
-              f"{median['float'] / median['int8']:.2f}x; largest difference {diff:.4f} of max |y|")
+        diff = {mode: float(np.abs(outputs[mode] - outputs["float"]).max() / np.abs(outputs["float"]).max())
+                for mode in ("block", "int8")}
+        print(f"{qtype} {n}x{k} (blocks of {size}): float {median['float']:.0f} us, block {median['block']:.0f} us "
+              f"({median['float'] / median['block']:.2f}x), int8 {median['int8']:.0f} us "
+              f"({median['float'] / median['int8']:.2f}x); largest difference from float: block {diff['block']:.1e}, "
+              f"int8 {diff['int8']:.4f} of max |y|")
 
 
 if __name__ == "__main__":

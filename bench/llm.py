@@ -698,8 +698,8 @@ def render(data: dict) -> str:
            f"(forward with KV cache, argmax). {c['decode_rounds']} interleaved rounds. Median step: luminar "
            f"{decode['luminar']['step_ms']['median']:.2f} ms, transformers {decode['transformers']['step_ms']['median']:.2f} ms.",
            f"- Greedy tokens identical for the first {data['checks']['decode_tokens_agree']} of {c['decode_tokens']} "
-           f"new tokens (luminar: Q4_1 weights dequantized in the kernels, transformers: the same weights dequantized "
-           f"to float32).",
+           f"new tokens (luminar: the Q4_1 weights as stored, multiplied in float32 by block dots in decode steps, "
+           f"dequantized in the tiled matmuls of the prompt; transformers: the same weights dequantized to float32).",
            f"- With int8 activations (`load(activations=\"int8\")`, not the default): "
            f"{decode['luminar int8']['tok_s']['median']:.1f} tok/s decode in the same rounds (median step "
            f"{decode['luminar int8']['step_ms']['median']:.2f} ms); its greedy tokens equal transformers' for the first "

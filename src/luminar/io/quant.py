@@ -390,9 +390,10 @@ def block_linear(x: GraphTensor, w: QuantizedWeight) -> GraphTensor:
     block with the block's integers, times the block's scale, plus for Q4_0 / Q4_1 the block's
     minimum times the sum of x's block. The same sum as `x @ w.dequantized().T`, in another order
     (rounding differs by about 1e-7 relative); the CPU backend renders it as float lanes scaled
-    once per block, without dequantizing each weight: a Q4_1 3072 x 576 matvec 1.5x as fast (one
-    thread, a C harness of both forms). For matrix-vector products only: a tiled matmul reuses the
-    dequantized weight across rows, which this form has no place for."""
+    once per block, without dequantizing each weight: Q4_1 matvecs 1.3-1.5x as fast as the
+    dequantizing form (bench/int8_matvec.py, one thread; Q8_0 gains ~4%, so models use it for Q4
+    weights only). For matrix-vector products: a tiled matmul reuses the dequantized weight
+    across rows, which this form has no place for."""
     _check_inner("block_linear", x, w)
     lead, k, scale = x.dims[:-1], w.shape[1], w.parts["scale"]
     if w.qtype == "Q8_0":

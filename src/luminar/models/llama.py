@@ -40,12 +40,14 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 import luminar as lm
 
+from ..compiler.search import options as search_options
 from ..errors import LuminarError, ShapeError, UnsupportedError, ValueDomainError, WeightFileError
 from ..graph import Graph, parse_dim
 from ..io.quant import INT8_FORMATS, QuantizedWeight, block_linear, int8_linear
@@ -904,9 +906,20 @@ class LlamaModel:
             # layout, so decode steps continue its cache.
             weights.activations, weights.block_dots = "float", False
             prompts = build_graph(config, weights)
-            self._compile(prompts, {**weights.arrays, **rope_inputs(config, weights, prompts)}, say, dict(compile_options))
-            self.prefill_program = self.program
-        self._compile(graph, {**weights.arrays, **rope_inputs(config, weights, graph)}, say, compile_options)
+            # (the two compile at once when nothing is timed: each is mostly one C compiler process)
+            together = backend == "cpu" and not search_options(compile_options.get("search"))
+            with ThreadPoolExecutor(1) as pool:
+                prefill = pool.submit(self._compile, prompts, {**weights.arrays, **rope_inputs(config, weights, prompts)},
+                                      say, dict(compile_options))
+                if not together:
+                    prefill.result()
+                self.program = self._compile(graph, {**weights.arrays, **rope_inputs(config, weights, graph)}, say,
+                                             compile_options)
+                self.prefill_program = prefill.result()
+        else:
+            self.program = self._compile(graph, {**weights.arrays, **rope_inputs(config, weights, graph)}, say,
+                                         compile_options)
+        self.stats = GenerationStats()
 
     @classmethod
     def from_graph(cls, config: LlamaConfig, graph: Graph, arrays: dict[str, np.ndarray], tokenizer=None,
@@ -916,19 +929,20 @@ class LlamaModel:
         luminar.serve.artifact) and its fixed inputs by name (weights as stored, RoPE frequencies)."""
         model = cls.__new__(cls)
         model.config, model.tokenizer, model.backend, model.prefill_program = config, tokenizer, backend, None
-        model._compile(graph, arrays, progress or (lambda message: None), compile_options)
+        model.program = model._compile(graph, arrays, progress or (lambda message: None), compile_options)
+        model.stats = GenerationStats()
         return model
 
     def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], say, compile_options: dict):
         started = time.perf_counter()
         if self.backend in ("cpu", "opencl", "cuda"):  # with search on: a decode step and a prefill get their own schedules
             compile_options.setdefault("search_dims", {d: v for d, v in SEARCH_BUCKETS.items() if d in graph.dims()})
-        self.program = graph.compile(self.backend, **compile_options)
-        self.program.set_inputs(arrays)
-        if hasattr(self.program, "append_only"):  # a device backend: the cache's rows already there stay there
-            self.program.append_only(*(name for name in ("k_cache", "v_cache") if name in graph.inputs))
+        program = graph.compile(self.backend, **compile_options)
+        program.set_inputs(arrays)
+        if hasattr(program, "append_only"):  # a device backend: the cache's rows already there stay there
+            program.append_only(*(name for name in ("k_cache", "v_cache") if name in graph.inputs))
         say(f"compiled in {time.perf_counter() - started:.1f} s")
-        self.stats = GenerationStats()
+        return program
 
     # -- raw forward passes ----------------------------------------------------------------------
     def forward(self, token_ids: Sequence[int], cache: KVCache, last_only: bool = True) -> np.ndarray:

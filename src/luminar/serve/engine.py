@@ -210,7 +210,7 @@ class BatchingEngine:
             return
         c = self.config
         ids = np.asarray(request.prompt, np.int32)
-        program = getattr(self.model, "prefill_program", None) or self.model.program  # (int8 activations: float prompts)
+        program = getattr(self.model, "prefill_program", None) or self.model.program  # (prompts: the dequantizing program)
         out = program.run({"tokens": ids, "k_cache": self.empty_cache, "v_cache": self.empty_cache}, dims={"r": 1})
         column, n = len(self.rows), len(ids)
         for layer in range(c.num_hidden_layers):
