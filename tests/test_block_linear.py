@@ -94,3 +94,22 @@ def test_decode_steps_run_block_dots_and_prompts_the_dequantizing_program():
 def test_float_weights_compile_one_program():
     """Without block-quantized 4-bit weights the decode graph is the plain one: no second program."""
     assert small_model("float", formats=("F32", "Q8_0")).prefill_program is None
+
+
+def test_every_4_bit_layer_of_a_step_is_a_block_dot_the_output_projection_too():
+    """The step graph computes attention rows first ((s, heads * d) a view, _attention's
+    rows_first), so the output projection's x has affine blocks and it is a block dot like the
+    others; the prompt graph keeps the layout its fused attention prefers. (Heads of 64: the
+    output projection's 256 inputs are 8 blocks, a loop; 2 or 4 would be unrolled.)"""
+    from luminar.backends.cpu.render import render_kernel
+    from luminar.compiler.kernels import loads
+    model = small_model("float", head_dim=64)
+
+    def rendered(program, weight: str) -> str:
+        kp = program.kernels
+        (kernel,) = [k for k in kp.kernels if any(kp.buffers[ld.buffer].name == f"blk_0_{weight}_weight_quants"
+                                                   for ld in loads(k.value))]
+        return render_kernel(kp, kernel)
+    for weight in ("attn_q_attn_k_attn_v", "attn_output", "ffn_gate_ffn_up", "ffn_down"):
+        assert SCALED_LANES.search(rendered(model.program, weight)), weight
+        assert not SCALED_LANES.search(rendered(model.prefill_program, weight)), weight

@@ -216,20 +216,20 @@ def test_unsupported_formats_and_shapes_are_clear_errors():
 
 # -- a model -----------------------------------------------------------------------------------------
 def small_model(activations: str, formats=("Q4_1", "Q8_0"), backend: str = "cpu", stack: bool = True,
-                v_format: str | None = None):
-    """A random-config Llama (2 layers, hidden 160) from GGUF tensors: linear weights in formats[0]
-    (attn_v in v_format if given), the (tied) embedding in formats[1], norms in F32. stack=False:
-    no weights stacked by rows (Weights.linears)."""
+                v_format: str | None = None, head_dim: int = 16):
+    """A random-config Llama (2 layers, hidden 160, 4 query and 2 key/value heads of head_dim) from
+    GGUF tensors: linear weights in formats[0] (attn_v in v_format if given), the (tied) embedding
+    in formats[1], norms in F32. stack=False: no weights stacked by rows (Weights.linears)."""
     from luminar.io.gguf import GGUFTensor
     from luminar.models.llama import LlamaConfig, LlamaModel, Weights
     config = LlamaConfig(vocab_size=96, hidden_size=160, intermediate_size=192, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, tie_word_embeddings=True)
     rng = np.random.default_rng(3)
     shapes = {"token_embd.weight": (96, 160), "output_norm.weight": (160,)}
     for i in range(2):
         shapes.update({f"blk.{i}.attn_norm.weight": (160,), f"blk.{i}.ffn_norm.weight": (160,),
-                       f"blk.{i}.attn_q.weight": (64, 160), f"blk.{i}.attn_k.weight": (32, 160),
-                       f"blk.{i}.attn_v.weight": (32, 160), f"blk.{i}.attn_output.weight": (160, 64),
+                       f"blk.{i}.attn_q.weight": (4 * head_dim, 160), f"blk.{i}.attn_k.weight": (2 * head_dim, 160),
+                       f"blk.{i}.attn_v.weight": (2 * head_dim, 160), f"blk.{i}.attn_output.weight": (160, 4 * head_dim),
                        f"blk.{i}.ffn_gate.weight": (192, 160), f"blk.{i}.ffn_up.weight": (192, 160),
                        f"blk.{i}.ffn_down.weight": (160, 192)})
     tensors = {}

@@ -40,14 +40,12 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 import luminar as lm
 
-from ..compiler.search import options as search_options
 from ..errors import LuminarError, ShapeError, UnsupportedError, ValueDomainError, WeightFileError
 from ..graph import Graph, parse_dim
 from ..io.quant import INT8_FORMATS, QuantizedWeight, block_linear, int8_linear
@@ -423,7 +421,9 @@ class Weights:
         # float linear layers of block-quantized weights as block dots (quant.block_linear): the
         # faster matvec of a one-token step; a prompt's tiled matmuls need the dequantized weight
         self.block_dots = False
-        self.block_linears = 0  # how many layers took the block form (0: the graph is the plain one)
+        # ids of the graphs with a linear layer in a block form (block or int8 dots): graphs for
+        # one-token steps, whose prompts need the plain graph (LlamaModel compiles both)
+        self.block_graphs: set[int] = set()
         self.quantized: dict[tuple, QuantizedWeight] = {}  # block-quantized GGUF weights, by (id(graph), name)
         self.quantized_inputs: dict[int, tuple] = {}  # id(x) -> (x, its quantizations for int8_linear) (x kept: ids stay unique)
 
@@ -499,11 +499,12 @@ class Weights:
         llama.cpp's Q8_1 activations), which needs a block-quantized GGUF weight."""
         weight = self(g, name, shape)
         quantized = self.quantized.get((id(g), name))
-        # (not for an x made by a Contiguous, a reshaped permuted view: attention's heads reach the
-        # kernel through their source's index, whose division by the head size splits the loop over blocks)
+        # (not for an x made by a Contiguous, a reshaped permuted view: it reaches the kernel through
+        # its source's index, whose divisions split the loop over blocks; _attention's rows_first
+        # gives the attention output without one)
         if self.activations == "float" and self.block_dots and quantized is not None and \
                 quantized.qtype in ("Q4_0", "Q4_1") and x.node.op != "contiguous":
-            self.block_linears += 1
+            self.block_graphs.add(id(g))
             y = block_linear(x, quantized)
             return y if bias is None else y + bias
         if self.activations == "float":
@@ -514,6 +515,7 @@ class Weights:
                                    f"dot needs a GGUF block format ({', '.join(INT8_FORMATS)}, or Q5_0 / Q4_K / "
                                    f"Q6_K, which repack into them)")
         # (q, k and v, gate and up read one input: quantized once per layout)
+        self.block_graphs.add(id(g))
         y = int8_linear(x, quantized, self.quantized_inputs.setdefault(id(x), (x, {}))[1])
         return y if bias is None else y + bias
 
@@ -650,7 +652,8 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
         k_past, v_past, visible = caches[layer]
         keys = lm.cat([k_past, k], 0)  # (past + s, kv_heads, head_dim)
         values = lm.cat([v_past, v], 0)
-        return _attention(q, keys, values, visible, c)
+        # (a step graph: its layers so far took block forms)
+        return _attention(q, keys, values, visible, c, rows_first=id(g) in weights.block_graphs)
 
     r = parse_dim("r")
     decoder_stack(g, c, weights, tokens, lambda layer: rotations.get(layer in sliding, rotations[False]), attend,
@@ -752,12 +755,15 @@ def _rope(x: GraphTensor, cos: GraphTensor, sin: GraphTensor, interleaved: bool)
 
 
 def _attention(q: GraphTensor, keys: GraphTensor, values: GraphTensor, visible: GraphTensor,
-               c: LlamaConfig) -> GraphTensor:
+               c: LlamaConfig, rows_first: bool = False) -> GraphTensor:
     """Grouped-query attention: q (s, heads, d), keys/values (T, kv_heads, d), visible (s, T) 0/1.
 
     Each key/value head serves `groups` query heads by broadcasting (no copy), as
-    transformers' repeat_kv does. Returns (s, heads * d).
-    """
+    transformers' repeat_kv does. Returns (s, heads * d). `rows_first` computes the output as
+    (s, kv, groups, d), so (s, heads * d) is a view of it, not a reshape of a permuted one: the
+    output projection's block dots (Weights.linear: float or int8) then read x's blocks at affine
+    indices (SmolLM2's o_proj 0.49 -> 0.35 ms a float step); a prompt's fused attention is faster
+    the other way (a 512-token prefill took 1.8 s this way, 0.9 s the other)."""
     s = q.dims[0]
     kv, groups, d = c.num_key_value_heads, c.groups, c.head_dim
     q = q.reshape(s, kv, groups, d).permute(1, 2, 0, 3)  # (kv, groups, s, d)
@@ -768,6 +774,8 @@ def _attention(q: GraphTensor, keys: GraphTensor, values: GraphTensor, visible: 
     # (visible is 0 or 1: blending by it is masked_fill's value, without the != 0 test masked_fill
     # needs for other masks, which cost a prefill's score tiles ~20 float ops per score)
     probs = (scores * visible + (1.0 - visible) * MASKED).softmax(-1)
+    if rows_first:
+        return (probs.permute(2, 0, 1, 3) @ values.permute(1, 0, 2).unsqueeze(0)).reshape(s, kv * groups * d)
     out = probs @ values.permute(1, 0, 2).unsqueeze(1)  # (kv, groups, s, d)
     return out.permute(2, 0, 1, 3).reshape(s, kv * groups * d)
 
@@ -899,26 +907,20 @@ class LlamaModel:
         say(f"built the graph ({len(graph.nodes):,} nodes) in {time.perf_counter() - started:.1f} s; "
             f"compiling for {backend}...")
         self.prefill_program = None  # (block dots or int8 activations: the program that runs prompts)
-        if activations == "int8" or weights.block_linears:
+        if id(graph) in weights.block_graphs:
             # A prompt runs the plain float32 graph: its tiled matmuls reuse each dequantized weight
             # across the rows, which dots row by row do not (a 512-token prefill took several times
             # as long with integer dots); the programs share the weights' arrays and the cache
             # layout, so decode steps continue its cache.
             weights.activations, weights.block_dots = "float", False
             prompts = build_graph(config, weights)
-            # (the two compile at once when nothing is timed: each is mostly one C compiler process)
-            together = backend == "cpu" and not search_options(compile_options.get("search"))
-            with ThreadPoolExecutor(1) as pool:
-                prefill = pool.submit(self._compile, prompts, {**weights.arrays, **rope_inputs(config, weights, prompts)},
-                                      say, dict(compile_options))
-                if not together:
-                    prefill.result()
-                self.program = self._compile(graph, {**weights.arrays, **rope_inputs(config, weights, graph)}, say,
-                                             compile_options)
-                self.prefill_program = prefill.result()
-        else:
-            self.program = self._compile(graph, {**weights.arrays, **rope_inputs(config, weights, graph)}, say,
-                                         compile_options)
+            # (one after the other: compiling them in two threads halved a cold start's gcc time,
+            # but egglog's e-graphs, made by the fusion rules, must be freed by the thread that
+            # made them, and a garbage collection in the other thread dropped them)
+            self.prefill_program = self._compile(prompts, {**weights.arrays, **rope_inputs(config, weights, prompts)},
+                                                 say, dict(compile_options))
+        self.program = self._compile(graph, {**weights.arrays, **rope_inputs(config, weights, graph)}, say,
+                                     compile_options)
         self.stats = GenerationStats()
 
     @classmethod
