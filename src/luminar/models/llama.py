@@ -494,7 +494,8 @@ class Weights:
         return outputs
 
     def linear(self, g: Graph, x: GraphTensor, name: str, shape: tuple, bias: GraphTensor | None) -> GraphTensor:
-        """x @ weight.T (+ bias) for the weight `name` of `shape` (n_out, n_in): in float32, or with
+        """x @ weight.T (+ bias) for the weight `name` of `shape` (n_out, n_in): in float32 (with
+        `block_dots`, a Q4_0 / Q4_1 weight as float block dots: io/quant.block_linear), or with
         `activations` "int8" by integer dots on the int8-quantized rows of x (io/quant.int8_linear:
         llama.cpp's Q8_1 activations), which needs a block-quantized GGUF weight."""
         weight = self(g, name, shape)
@@ -652,8 +653,8 @@ def build_graph(config: LlamaConfig, weights: Weights) -> Graph:
         k_past, v_past, visible = caches[layer]
         keys = lm.cat([k_past, k], 0)  # (past + s, kv_heads, head_dim)
         values = lm.cat([v_past, v], 0)
-        # (a step graph: its layers so far took block forms)
-        return _attention(q, keys, values, visible, c, rows_first=id(g) in weights.block_graphs)
+        # (a CPU step graph: its layers so far took block forms)
+        return _attention(q, keys, values, visible, c, rows_first=weights.block_dots and id(g) in weights.block_graphs)
 
     r = parse_dim("r")
     decoder_stack(g, c, weights, tokens, lambda layer: rotations.get(layer in sliding, rotations[False]), attend,
@@ -900,7 +901,7 @@ class LlamaModel:
         say = progress or (lambda message: None)
         started = time.perf_counter()
         # (block dots on the CPU backend, whose renderer scales a block's float lanes once; the GPU
-        # backends' matvecs are not compute-bound on dequantization: they keep one program)
+        # renderers have no such form, and nothing was measured there: they keep one program)
         weights.activations, weights.block_dots = activations, backend == "cpu"
         graph = build_graph(config, weights)
         weights.check_all_used()
