@@ -394,7 +394,7 @@ def block_linear(x: GraphTensor, w: QuantizedWeight) -> GraphTensor:
     dequantizing form (bench/int8_matvec.py, one thread; Q8_0 gains ~4%, so models use it for Q4
     weights only). For matrix-vector products: a tiled matmul reuses the dequantized weight
     across rows, which this form has no place for."""
-    _check_inner("block_linear", x, w)
+    _check_block_operands("block_linear", x, w)
     lead, k, scale = x.dims[:-1], w.shape[1], w.parts["scale"]
     if w.qtype == "Q8_0":
         size = w.parts["quants"].dims[-1]  # (32; 16 for a repacked Q6_K)
@@ -405,11 +405,12 @@ def block_linear(x: GraphTensor, w: QuantizedWeight) -> GraphTensor:
     return (blockwise + minimum * x.reshape(*lead, 1, k // 32, 32).sum(-1)).sum(-1)
 
 
-def _check_inner(caller: str, x: GraphTensor, w: QuantizedWeight):
+def _check_block_operands(caller: str, x: GraphTensor, w: QuantizedWeight):
+    """A clear error unless w has a block dot and x's last axis meets w's rows in whole blocks."""
     if w.qtype not in INT8_FORMATS:
         raise UnsupportedError(f"{caller}: weight format {w.qtype} has no block dot "
                                f"(supported: {', '.join(INT8_FORMATS)} and the formats repacked into them)")
-    n, k = w.shape
+    k = w.shape[1]
     if k % 32 or x.dims[-1] != k:
         raise ShapeError(f"{caller}: input {tuple(x.dims)} against weight {w.shape}: the inner size must "
                          f"match and be a multiple of 32")
@@ -423,7 +424,7 @@ def int8_linear(x: GraphTensor, w: QuantizedWeight, quantized: dict | None = Non
     to 8 bits per block (a relative error of about 1/254 of the block's largest value).
     `quantized`: x's quantizations made before, by layout (halves: Int8Rows), which this call
     uses or adds to (q, k and v read one input: it is quantized once)."""
-    _check_inner("int8_linear", x, w)
+    _check_block_operands("int8_linear", x, w)
     k = w.shape[1]
     quantized = {} if quantized is None else quantized
     halves = w.qtype != "Q8_0"  # (a Q8_0 block's 32 bytes meet x's 32 of the block-major layout whole)

@@ -497,7 +497,7 @@ def _block_dot(e: Reduce, em: _Emitter) -> list[tuple[object, tuple | None]] | N
     _Emitter.block_dot renders; else None."""
     found, scratch = [], em.child("")  # (the checks' named values are dropped)
     for term in _summands(e.body):
-        found.append((term, None))  # (a term that is no integer dot: a Q4_1 block's minimum times sum(q))
+        found.append((term, None))  # (a term that is no dot: a Q4_1 block's minimum times sum(q))
         for dot, scale in ((term.args, term.args[::-1]) if isinstance(term, Apply) and term.op == "mul" else ()):
             if leaves := _vector_leaves(dot):  # (an integer dot's factor pairs and a_signed; None, None for a float dot)
                 found[-1] = (scale, (leaves, *(_integer_dot(leaves, scratch) or (None, None))))
