@@ -15,7 +15,7 @@ from luminar.errors import ShapeError, UnsupportedError
 from luminar.graph import Graph
 from luminar.io import quant
 
-from test_int8 import quantized, small_model
+from test_int8 import compiled_linear, quantized, small_model
 
 pytestmark = pytest.mark.skipif("cpu" not in BACKENDS, reason="needs the cpu backend (a C compiler)")
 
@@ -26,11 +26,7 @@ SCALED_LANES = re.compile(r"vec\d+\[\w+\] \+= scale\d+\[\w+\] \* \(")
 
 
 def compiled_block_linear(x: np.ndarray, qtype: str, parts: dict, shape: tuple, backend: str = "cpu"):
-    g = Graph()
-    inputs = {name: g.tensor(f"w_{name}", a.shape, quant._STORAGE[a.dtype]) for name, a in parts.items()}
-    quant.block_linear(g.tensor("x", ("s", x.shape[1])), quant.QuantizedWeight(qtype, inputs, shape)).output("y")
-    program = g.compile(backend)
-    return program, program.run({"x": x, **{f"w_{name}": a for name, a in parts.items()}})["y"]
+    return compiled_linear(x, qtype, parts, shape, backend, linear=quant.block_linear)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])

@@ -52,11 +52,13 @@ def numpy_int8_linear(x: np.ndarray, qtype: str, parts: dict[str, np.ndarray]) -
     return (dots * scale * d[:, None] + minimum * (d * q.sum(-1))[:, None]).sum(-1)
 
 
-def compiled_int8_linear(x: np.ndarray, qtype: str, parts: dict, shape: tuple, backend: str = "cpu"):
+def compiled_linear(x: np.ndarray, qtype: str, parts: dict, shape: tuple, backend: str = "cpu",
+                    linear=quant.int8_linear):
+    """(program, y) of `linear` (int8_linear, or block_linear) of x and the weight `parts`, compiled."""
     g = Graph()
     xs = g.tensor("x", x.shape)
     inputs = {name: g.tensor(f"w_{name}", a.shape, quant._STORAGE[a.dtype]) for name, a in parts.items()}
-    quant.int8_linear(xs, quant.QuantizedWeight(qtype, inputs, shape)).output("y")
+    linear(xs, quant.QuantizedWeight(qtype, inputs, shape)).output("y")
     program = g.compile(backend)
     return program, program.run({"x": x, **{f"w_{name}": a for name, a in parts.items()}})["y"]
 
@@ -70,10 +72,10 @@ X[1, 32:64] = 0.0  # a block of zeros quantizes to zeros (d = 0)
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
 def test_int8_linear_matches_llama_cpp_q8_1_emulation_and_the_reference(qtype):
     parts = quantized(WEIGHTS, qtype)
-    program, ours = compiled_int8_linear(X, qtype, parts, WEIGHTS.shape)
+    program, ours = compiled_linear(X, qtype, parts, WEIGHTS.shape)
     expected = numpy_int8_linear(X, qtype, parts)
     assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max()
-    _, reference = compiled_int8_linear(X, qtype, parts, WEIGHTS.shape, backend="reference")
+    _, reference = compiled_linear(X, qtype, parts, WEIGHTS.shape, backend="reference")
     assert np.abs(ours - reference).max() <= 1e-5 * np.abs(expected).max()
     # and it is a matmul: within int8 rounding of the float product with the dequantized weight
     exact = X @ quant.dequantize_parts(qtype, parts, WEIGHTS.shape).T
@@ -100,7 +102,7 @@ def test_4_bit_weights_meet_x_quantized_half_major_q8_0_block_major(qtype):
     expected = np.sign(X.reshape(3, 9, 32)) * np.floor(np.abs(X.reshape(3, 9, 32)) / np.where(d > 0, d, 1)[..., None] + 0.5)
     np.testing.assert_array_equal(q.reshape(3, 2, 9, 16).transpose(0, 2, 1, 3).reshape(3, 9, 32) if rows.halves
                                   else q, expected)
-    program, ours = compiled_int8_linear(X, qtype, quantized(WEIGHTS, qtype), WEIGHTS.shape)
+    program, ours = compiled_linear(X, qtype, quantized(WEIGHTS, qtype), WEIGHTS.shape)
     # no operand is gathered 16 bytes per block (lm_bytes16x4 at a stride of 32; x's halves were, for Q4_1)
     assert [line for line in program.source.splitlines() if "= lm_bytes16x4(" in line and ", 32)" in line] == []
     assert np.abs(ours - numpy_int8_linear(X, qtype, quantized(WEIGHTS, qtype))).max() <= 1e-5 * np.abs(ours).max()
@@ -111,7 +113,7 @@ def test_q8_0_quants_of_minus_128_multiply_exactly():
     weight as its sign-carrying first factor, since maddubs' second factor must stay above -128."""
     parts = quantized(WEIGHTS, "Q8_0")
     parts["quants"][:, :, :3] = -128
-    program, ours = compiled_int8_linear(X, "Q8_0", parts, WEIGHTS.shape)
+    program, ours = compiled_linear(X, "Q8_0", parts, WEIGHTS.shape)
     expected = numpy_int8_linear(X, "Q8_0", parts)
     assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max()
     assert "+= lm_dot16x2(" in program.source  # (a call in a kernel, not the helper)
@@ -127,7 +129,7 @@ def test_float16_block_scales_convert_exactly_subnormals_included():
     bits = exponent | rng.integers(1, 1024, (31, 9), dtype=np.uint16)
     parts = {"scale": bits.view(np.float16), "quants": rng.integers(1, 128, (31, 9, 32)).astype(np.int8)}
     x = np.abs(X[:1]) + 0.01
-    _, ours = compiled_int8_linear(x, "Q8_0", parts, (31, 288))
+    _, ours = compiled_linear(x, "Q8_0", parts, (31, 288))
     np.testing.assert_allclose(ours, numpy_int8_linear(x, "Q8_0", parts), rtol=1e-5, atol=0)
 
 
@@ -135,7 +137,7 @@ def test_a_repacked_q6_k_weight_dots_blocks_of_16():
     rng = np.random.default_rng(2)
     parts = {"scale": (rng.random((40, 18)) * 0.01).astype(np.float32),
              "quants": rng.integers(-32, 32, (40, 18, 16)).astype(np.int8)}  # as _q6k_as_q8 repacks
-    program, ours = compiled_int8_linear(X, "Q8_0", parts, (40, 288))
+    program, ours = compiled_linear(X, "Q8_0", parts, (40, 288))
     assert "+= lm_dot16x2(" in program.source
     expected = numpy_int8_linear(X, "Q8_0", parts)
     assert np.abs(ours - expected).max() <= 1e-5 * np.abs(expected).max()
